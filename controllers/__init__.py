@@ -1,0 +1,1 @@
+"""Controllers managed by their GVRs' availability (ControllerManager, workqueue, controller helper)."""

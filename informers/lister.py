@@ -1,0 +1,29 @@
+"""Lister: read-only queries over an informer's store."""
+
+from __future__ import annotations
+
+from .selector import LabelSelector
+from .store import NAMESPACE_INDEX, Obj, Store
+
+
+class Lister:
+    """``get`` by name and ``list`` by namespace and label selector, served from the cache."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def get(self, name: str, namespace: str | None = None) -> Obj | None:
+        """The cached object, or None."""
+        return self._store.get(f"{namespace}/{name}" if namespace else name)
+
+    def list(self, namespace: str | None = None, label_selector: str | LabelSelector | None = None) -> list[Obj]:
+        """Cached objects, optionally of one namespace and matching a label selector (SelectorError if malformed)."""
+        objs = self._store.by_index(NAMESPACE_INDEX, namespace) if namespace else self._store.list()
+        selector = label_selector if isinstance(label_selector, LabelSelector) else LabelSelector.parse(label_selector)
+        if not selector:
+            return objs
+        return [o for o in objs if selector.matches(o["metadata"].get("labels"))]
+
+    def by_index(self, index: str, value: str) -> list[Obj]:
+        """Cached objects whose index function ``index`` yields ``value``."""
+        return self._store.by_index(index, value)

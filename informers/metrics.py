@@ -1,0 +1,48 @@
+"""Prometheus metrics of informers, registered once per registry."""
+
+from __future__ import annotations
+
+import weakref
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+_by_registry: "weakref.WeakKeyDictionary[CollectorRegistry, InformerMetrics]" = weakref.WeakKeyDictionary()
+
+
+class InformerMetrics:
+    """The informer metric families; get the shared instance of a registry with ``InformerMetrics.for_registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.lists = Counter("informer_lists_total", "LIST requests made (pages count once each).",
+                             ["gvr"], registry=registry)
+        self.watches = Counter("informer_watches_total", "WATCH requests opened.", ["gvr", "mode"],
+                               registry=registry)
+        self.relists = Counter("informer_relists_total", "Full resynchronisations from the server, by reason.",
+                               ["gvr", "reason"], registry=registry)
+        self.events = Counter("informer_events_total", "Watch events received, by type.", ["gvr", "type"],
+                              registry=registry)
+        self.errors = Counter("informer_errors_total", "List/watch failures, by kind.", ["gvr", "kind"],
+                              registry=registry)
+        self.resource_version = Gauge("informer_last_resource_version",
+                                      "Last resourceVersion seen (when numeric).", ["gvr"], registry=registry)
+        self.objects = Gauge("informer_objects", "Objects in the cache.", ["gvr"], registry=registry)
+        self.synced = Gauge("informer_synced", "1 once the informer has synced.", ["gvr"], registry=registry)
+        self.handler_queue_depth = Gauge("informer_handler_queue_depth", "Events waiting for one handler.",
+                                         ["gvr", "handler"], registry=registry)
+
+    @classmethod
+    def for_registry(cls, registry: CollectorRegistry | None = None) -> "InformerMetrics":
+        """The metrics registered on ``registry`` (default: prometheus_client's global one)."""
+        reg = registry if registry is not None else REGISTRY
+        metrics = _by_registry.get(reg)
+        if metrics is None:
+            metrics = _by_registry[reg] = cls(reg)
+        return metrics
+
+    def forget(self, gvr: str) -> None:
+        """Drop the per-GVR gauges of a stopped informer (counters stay: they are monotonic)."""
+        for gauge in (self.resource_version, self.objects, self.synced):
+            try:
+                gauge.remove(gvr)
+            except KeyError:
+                pass

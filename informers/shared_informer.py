@@ -1,0 +1,340 @@
+"""SharedIndexInformer: one reflector, one indexed store, any number of event handlers.
+
+Each handler registration has its own queue and task, so a slow or failing handler never delays the
+reflector or the other handlers. Handler methods may be plain functions or coroutines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from typing import Any, Callable, Mapping, Protocol
+
+from loguru import logger
+
+from .client import ApiClient
+from .gvr import GVR
+from .lister import Lister
+from .metrics import InformerMetrics
+from .reflector import Reflector, ReflectorOptions
+from .store import DeletedFinalStateUnknown, IndexFunc, Obj, Store, object_key
+
+Transform = Callable[[Obj], Obj]
+
+_ADD, _UPDATE, _DELETE, _SYNCED = range(4)
+# After this many events in a row a handler task yields, so one busy handler cannot starve the loop.
+_BATCH = 256
+
+
+class EventHandler(Protocol):
+    """Receives cache events; any method may be missing, sync or async."""
+
+    def on_add(self, obj: Obj, is_in_initial_list: bool) -> Any: ...
+
+    def on_update(self, old: Obj, new: Obj) -> Any: ...
+
+    def on_delete(self, obj: Obj | DeletedFinalStateUnknown) -> Any: ...
+
+
+class FuncHandler:
+    """An EventHandler from plain callables (``on_add(obj, is_in_initial_list)``, ``on_update(old, new)``,
+    ``on_delete(obj_or_tombstone)``); omitted ones ignore their events."""
+
+    def __init__(
+        self, on_add: Callable[..., Any] | None = None, on_update: Callable[..., Any] | None = None,
+        on_delete: Callable[..., Any] | None = None, name: str | None = None,
+    ) -> None:
+        self.on_add = on_add
+        self.on_update = on_update
+        self.on_delete = on_delete
+        self.name = name or next(
+            (getattr(f, "__qualname__", repr(f)) for f in (on_add, on_update, on_delete) if f), "FuncHandler"
+        )
+
+
+def _bind(handler: Any, method: str) -> tuple[Callable[..., Any] | None, bool]:
+    fn = getattr(handler, method, None)
+    return fn, bool(fn is not None and inspect.iscoroutinefunction(fn))
+
+
+class HandlerRegistration:
+    """One handler on one informer: its queue, its task and its own has-synced."""
+
+    def __init__(self, informer: "SharedIndexInformer", handler: Any, name: str, resync_period: float | None) -> None:
+        self.informer = informer
+        self.handler = handler
+        self.name = name
+        self.resync_period = resync_period
+        self._queue: deque[tuple[int, Any, Any]] = deque()
+        self._wake = asyncio.Event()
+        self._synced = asyncio.Event()
+        self._removed = False
+        self._add = _bind(handler, "on_add")
+        self._update = _bind(handler, "on_update")
+        self._delete = _bind(handler, "on_delete")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._log = logger.bind(gvr=str(informer.gvr), handler=name)
+
+    def has_synced(self) -> bool:
+        """True once the informer has synced and this handler has been given every object of the initial list."""
+        return self._synced.is_set()
+
+    async def wait_for_sync(self, timeout: float | None = None) -> bool:
+        """Wait until ``has_synced()``; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._synced.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def queue_depth(self) -> int:
+        """Events waiting to be handled."""
+        return len(self._queue)
+
+    def _enqueue(self, item: tuple[int, Any, Any]) -> None:
+        self._queue.append(item)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._run(), name=f"handler {self.name} {self.informer.gvr}"))
+        if self.resync_period:
+            self._tasks.append(asyncio.create_task(self._resync(self.resync_period),
+                                                   name=f"resync {self.name} {self.informer.gvr}"))
+
+    async def _stop(self) -> None:
+        self._removed = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._queue.clear()
+
+    async def _resync(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            if self.informer.has_synced():
+                for obj in self.informer.store:
+                    self._enqueue((_UPDATE, obj, obj))
+
+    async def _run(self) -> None:
+        queue = self._queue
+        while True:
+            if not queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            for _ in range(_BATCH):
+                if not queue:
+                    break
+                kind, a, b = queue.popleft()
+                if kind == _SYNCED:
+                    self._synced.set()
+                    continue
+                fn, is_async = self._add if kind == _ADD else self._update if kind == _UPDATE else self._delete
+                if fn is None:
+                    continue
+                try:
+                    result = fn(a, b) if kind != _DELETE else fn(a)
+                    if is_async:
+                        await result
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    self._log.exception("event handler {} failed on {} of {}; event skipped", self.name,
+                                        ("add", "update", "delete")[kind], _describe(b if kind == _UPDATE else a))
+            else:
+                await asyncio.sleep(0)
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, DeletedFinalStateUnknown):
+        return obj.key
+    try:
+        return object_key(obj)
+    except (KeyError, TypeError):
+        return "?"
+
+
+class SharedIndexInformer:
+    """A shared, indexed cache of one GVR, kept current by a reflector, fanning events out to handlers.
+
+    ``start()`` (inside a running loop) begins listing/watching; ``await stop()`` cancels and awaits every task
+    and closes the watch connection. ``store`` and ``lister`` read the cache.
+    """
+
+    def __init__(
+        self, client: ApiClient, gvr: GVR, *, namespace: str | None = None, label_selector: str | None = None,
+        field_selector: str | None = None, indexers: Mapping[str, IndexFunc] | None = None,
+        transform: Transform | None = None, options: ReflectorOptions | None = None,
+        metrics: InformerMetrics | None = None,
+    ) -> None:
+        self.gvr = gvr
+        self.namespace = namespace
+        self.store = Store(indexers)
+        self.lister = Lister(self.store)
+        self.transform = transform
+        self._metrics = metrics or InformerMetrics.for_registry()
+        self._gvr_label = str(gvr)
+        self._registrations: list[HandlerRegistration] = []
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._error_listeners: list[Callable[[Exception], None]] = []
+        self.reflector = Reflector(
+            client, gvr, self, namespace=namespace, label_selector=label_selector, field_selector=field_selector,
+            options=options, metrics=self._metrics, on_error=self._reflector_error,
+        )
+        self._metrics.objects.labels(self._gvr_label).set_function(lambda: len(self.store))
+
+    # -- state -------------------------------------------------------------------------------------------
+    def has_synced(self) -> bool:
+        """True once the first full list has been stored."""
+        return self._synced.is_set()
+
+    async def wait_for_sync(self, timeout: float | None = None) -> bool:
+        """Wait for the first full list; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._synced.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def last_error(self) -> Exception | None:
+        """The reflector's most recent failure, cleared by the next success."""
+        return self.reflector.last_error
+
+    @property
+    def resource_version(self) -> str:
+        """The last resourceVersion the cache reflects."""
+        return self.reflector.resource_version
+
+    @property
+    def started(self) -> bool:
+        """Whether ``start()`` has been called."""
+        return self._task is not None
+
+    def add_indexers(self, indexers: Mapping[str, IndexFunc]) -> None:
+        """Add index functions (also on a running informer: the index is built at once)."""
+        self.store.add_indexers(indexers)
+
+    def add_error_listener(self, listener: Callable[[Exception], None]) -> None:
+        """Call ``listener(exc)`` on every list/watch failure (e.g. to react to 404 or 403)."""
+        self._error_listeners.append(listener)
+
+    def _reflector_error(self, e: Exception) -> None:
+        for listener in self._error_listeners:
+            listener(e)
+
+    # -- handlers ----------------------------------------------------------------------------------------
+    def add_event_handler(
+        self, handler: EventHandler | FuncHandler, resync_period: float | None = None, name: str | None = None
+    ) -> HandlerRegistration:
+        """Register a handler; if the informer has synced, it first gets every cached object as an initial add."""
+        if self._stopped:
+            raise RuntimeError(f"informer for {self.gvr} is stopped")
+        reg_name = name or getattr(handler, "name", None) or type(handler).__qualname__
+        reg = HandlerRegistration(self, handler, reg_name, resync_period)
+        if self.has_synced():
+            for obj in self.store:
+                reg._enqueue((_ADD, obj, True))
+            reg._enqueue((_SYNCED, None, None))
+        self._registrations.append(reg)
+        self._metrics.handler_queue_depth.labels(self._gvr_label, reg_name).set_function(lambda: reg.queue_depth)
+        if self._task is not None:
+            reg._start()
+        return reg
+
+    async def remove_event_handler(self, registration: HandlerRegistration) -> None:
+        """Stop delivering to a registration and await its task; removing twice (or a foreign one) is a no-op."""
+        if registration not in self._registrations:
+            return
+        self._registrations.remove(registration)
+        if not any(r.name == registration.name for r in self._registrations):
+            try:
+                self._metrics.handler_queue_depth.remove(self._gvr_label, registration.name)
+            except KeyError:
+                pass
+        await registration._stop()
+
+    @property
+    def registrations(self) -> list[HandlerRegistration]:
+        """Current handler registrations."""
+        return list(self._registrations)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the reflector and the handler tasks (idempotent); needs a running event loop."""
+        if self._stopped:
+            raise RuntimeError(f"informer for {self.gvr} is stopped and cannot be restarted")
+        if self._task is not None:
+            return
+        self._task = asyncio.create_task(self.reflector.run(), name=f"reflector {self.gvr}")
+        for reg in self._registrations:
+            reg._start()
+
+    async def stop(self) -> None:
+        """Cancel and await the reflector and every handler task; drop the cache and handlers."""
+        self._stopped = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for reg in list(self._registrations):
+            await self.remove_event_handler(reg)
+        self.store.replace(())
+        self._metrics.forget(self._gvr_label)
+
+    async def run(self) -> None:
+        """Start, then run until cancelled, then stop: for use as a task body."""
+        self.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.shield(self.stop())
+
+    # -- reflector sink ----------------------------------------------------------------------------------
+    def replace(self, objs: list[Obj], resource_version: str) -> None:
+        """Atomically replace the cache with a full list and notify handlers of the differences."""
+        transform = self.transform
+        if transform is not None:
+            objs = [transform(o) for o in objs]
+        upserts, deletes = self.store.replace(objs)
+        initial = not self._synced.is_set()
+        regs = self._registrations
+        for old, new in upserts:
+            if old is None:
+                item: tuple[int, Any, Any] = (_ADD, new, initial)
+            elif old.get("metadata", {}).get("resourceVersion") == new["metadata"].get("resourceVersion"):
+                continue  # unchanged across a relist: nothing to tell
+            else:
+                item = (_UPDATE, old, new)
+            for reg in regs:
+                reg._enqueue(item)
+        for tomb in deletes:
+            for reg in regs:
+                reg._enqueue((_DELETE, tomb, None))
+        if initial:
+            self._synced.set()
+            self._metrics.synced.labels(self._gvr_label).set(1)
+            for reg in regs:
+                reg._enqueue((_SYNCED, None, None))
+
+    def apply(self, event_type: str, obj: Obj) -> None:
+        """Apply one watch event to the cache and queue it for every handler."""
+        if event_type == "DELETED":
+            self.store.delete(object_key(obj))
+            item: tuple[int, Any, Any] = (_DELETE, obj if self.transform is None else self.transform(obj), None)
+        else:
+            if self.transform is not None:
+                obj = self.transform(obj)
+            old = self.store.upsert(obj)
+            item = (_ADD, obj, False) if old is None else (_UPDATE, old, obj)
+        for reg in self._registrations:
+            reg._enqueue(item)
+

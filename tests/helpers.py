@@ -1,0 +1,66 @@
+"""Async helpers for integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any, Awaitable, Callable
+
+from informers import GVR, ApiClient, ApiError
+
+CONFIGMAPS = GVR("", "v1", "configmaps")
+
+
+async def create_configmaps(api: ApiClient, namespace: str, count: int, prefix: str = "cm",
+                            size: int = 100, labels: dict[str, str] | None = None) -> None:
+    sem = asyncio.Semaphore(32)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await api.request("POST", CONFIGMAPS.path(namespace), body={
+                "metadata": {"name": f"{prefix}-{i}", "labels": labels or {}}, "data": {"x": "y" * size}})
+
+    await asyncio.gather(*(one(i) for i in range(count)))
+
+
+async def server_state(api: ApiClient, gvr: GVR, namespace: str | None = None) -> dict[str, str]:
+    """key -> resourceVersion of every object on the server (consistent read)."""
+    out = await api.request("GET", gvr.path(namespace), {"resourceVersion": ""})
+    return {(f"{i['metadata']['namespace']}/" if i["metadata"].get("namespace") else "") + i["metadata"]["name"]:
+            i["metadata"]["resourceVersion"] for i in out["items"]}
+
+
+def cache_state(informer: Any) -> dict[str, str]:
+    return {k: informer.store.get(k)["metadata"]["resourceVersion"] for k in informer.store.keys()}
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+        await asyncio.sleep(0.05)
+
+
+async def converged(api: ApiClient, informer: Any, namespace: str | None = None) -> bool:
+    try:
+        return await server_state(api, informer.gvr, namespace) == cache_state(informer)
+    except (ApiError, OSError):
+        return False
+
+
+async def apiserver_requests(api: ApiClient, verb: str, resource: str) -> float:
+    """The apiserver's own count of requests (apiserver_request_total) for a verb and resource."""
+    text = await api.request_text("/metrics")
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{") and f'verb="{verb}"' in line \
+                and re.search(rf'[{{,]resource="{resource}"', line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

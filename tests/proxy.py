@@ -1,0 +1,77 @@
+"""A loopback TCP proxy for fault injection: cut connections, refuse new ones, or freeze them half-open."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Proxy:
+    """Forwards 127.0.0.1:<port> to a target port. ``freeze()`` stops forwarding on current connections while
+    keeping them open (a half-open stream); ``cut()`` closes them; ``refuse`` rejects new ones."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.refuse = False
+        self.accepted = 0
+        self._conns: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter, asyncio.Event]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> "Proxy":
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def open_connections(self) -> int:
+        return sum(1 for c, _, _ in self._conns if not c.is_closing())
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.close()
+            return
+        self.accepted += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        frozen = asyncio.Event()
+        entry = (writer, up_writer, frozen)
+        self._conns.append(entry)
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer, frozen), self._pipe(up_reader, writer, frozen))
+        finally:
+            for w in (writer, up_writer):
+                w.close()
+            self._conns.remove(entry)
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frozen: asyncio.Event) -> None:
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                if frozen.is_set():
+                    await asyncio.Event().wait()  # swallow: the peer sees silence, not a close
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    def freeze(self) -> None:
+        """Current connections go silent in both directions without closing."""
+        for _, _, frozen in self._conns:
+            frozen.set()
+
+    def cut(self) -> None:
+        """Close every current connection."""
+        for client, upstream, _ in self._conns:
+            client.transport.abort()
+            upstream.transport.abort()
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
