@@ -38,14 +38,14 @@ class ApiClient:
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> "ApiClient":
         """Client for a kubeconfig file (default: ``$KUBECONFIG`` or ``~/.kube/config``) and context."""
         config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=path, context=context, client_configuration=config)
+        kubernetes.config.load_kube_config(config_file=path, context=context, client_configuration=config)  # type: ignore[no-untyped-call]
         return cls(config)
 
     @classmethod
     def in_cluster(cls) -> "ApiClient":
         """Client using the pod's service account (token re-read when it rotates)."""
         config = kubernetes.client.Configuration()
-        kubernetes.config.load_incluster_config(client_configuration=config)
+        kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
         return cls(config)
 
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from .selector import LabelSelector
 from .store import NAMESPACE_INDEX, Obj, Store
 
@@ -16,7 +18,7 @@ class Lister:
         """The cached object, or None."""
         return self._store.get(f"{namespace}/{name}" if namespace else name)
 
-    def list(self, namespace: str | None = None, label_selector: str | LabelSelector | None = None) -> list[Obj]:
+    def list(self, namespace: str | None = None, label_selector: str | LabelSelector | None = None) -> builtins.list[Obj]:
         """Cached objects, optionally of one namespace and matching a label selector (SelectorError if malformed)."""
         objs = self._store.by_index(NAMESPACE_INDEX, namespace) if namespace else self._store.list()
         selector = label_selector if isinstance(label_selector, LabelSelector) else LabelSelector.parse(label_selector)
@@ -24,6 +26,6 @@ class Lister:
             return objs
         return [o for o in objs if selector.matches(o["metadata"].get("labels"))]
 
-    def by_index(self, index: str, value: str) -> list[Obj]:
+    def by_index(self, index: str, value: str) -> builtins.list[Obj]:
         """Cached objects whose index function ``index`` yields ``value``."""
         return self._store.by_index(index, value)

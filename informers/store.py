@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -31,7 +33,7 @@ def split_key(key: str) -> tuple[str | None, str]:
     return (ns, name) if sep else (None, key)
 
 
-def namespace_index(obj: Obj) -> list[str]:
+def namespace_index(obj: Obj) -> builtins.list[str]:
     """The default index: an object's namespace ("" for cluster-scoped)."""
     return [obj["metadata"].get("namespace") or ""]
 
@@ -89,14 +91,14 @@ class Store:
                 else:
                     keys.add(key)
 
-    def by_index(self, name: str, value: str) -> list[Obj]:
+    def by_index(self, name: str, value: str) -> builtins.list[Obj]:
         """Objects whose index function ``name`` yields ``value``; KeyError names an unknown index."""
         if name not in self._indices:
             raise KeyError(f"no index named {name!r} (have: {', '.join(sorted(self._indices))})")
         items = self._items
         return [items[k] for k in self._indices[name].get(value, ())]
 
-    def index_keys(self, name: str, value: str) -> list[str]:
+    def index_keys(self, name: str, value: str) -> builtins.list[str]:
         """Keys of the objects whose index function ``name`` yields ``value``."""
         if name not in self._indices:
             raise KeyError(f"no index named {name!r}")
@@ -124,11 +126,11 @@ class Store:
         """The object with ``key``, or None."""
         return self._items.get(key)
 
-    def list(self) -> list[Obj]:
+    def list(self) -> builtins.list[Obj]:
         """Every object (a new list; the dicts are the cached ones: do not mutate them)."""
         return list(self._items.values())
 
-    def keys(self) -> list[str]:
+    def keys(self) -> builtins.list[str]:
         """Every key."""
         return list(self._items)
 
@@ -141,7 +143,7 @@ class Store:
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
-    def replace(self, objs: Iterable[Obj]) -> tuple[list[tuple[Obj | None, Obj]], list[DeletedFinalStateUnknown]]:
+    def replace(self, objs: Iterable[Obj]) -> tuple[builtins.list[tuple[Obj | None, Obj]], builtins.list[DeletedFinalStateUnknown]]:
         """Make the store hold exactly ``objs``.
 
         Returns ``(upserts, deletes)``: ``(old or None, new)`` for every listed object, and a tombstone for

@@ -25,7 +25,7 @@ from .controlplane import ControlPlane
 def kube_client(cp: ControlPlane, context: str = "admin") -> kubernetes.client.ApiClient:
     """An official-client ApiClient for one of the control plane's kubeconfig contexts."""
     config = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(str(cp.kubeconfig), context=context, client_configuration=config)
+    kubernetes.config.load_kube_config(str(cp.kubeconfig), context=context, client_configuration=config)  # type: ignore[no-untyped-call]
     return kubernetes.client.ApiClient(config)
 
 
@@ -75,7 +75,7 @@ def namespace(admin_client: kubernetes.client.ApiClient) -> Iterator[str]:
     """A fresh namespace; no controller-manager runs, so it stays Terminating after the delete."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     core = kubernetes.client.CoreV1Api(admin_client)
-    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
     try:
         yield name
     finally:
