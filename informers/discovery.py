@@ -1,0 +1,128 @@
+"""Discovery: which resources (GVRs) the API server serves.
+
+Uses aggregated discovery (``apidiscovery.k8s.io/v2``: two requests for the whole server) and falls back to
+legacy per-group-version discovery on servers without it. A group-version whose aggregated API is unavailable
+(stale in aggregated discovery, 503 or a time-out in legacy discovery) keeps its last known resources, marked
+stale, and never holds up the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from .client import ApiClient
+from .errors import ApiError
+from .gvr import GVR
+
+_AGGREGATED = (
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,"
+    "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
+)
+
+
+@dataclass(frozen=True)
+class ResourceInfo:
+    """What discovery says about one GVR."""
+
+    gvr: GVR
+    kind: str
+    namespaced: bool
+    verbs: frozenset[str]
+    preferred: bool
+    stale: bool = False
+
+    @property
+    def listable(self) -> bool:
+        """Supports both list and watch (what an informer needs)."""
+        return "list" in self.verbs and "watch" in self.verbs
+
+
+@dataclass
+class DiscoveryResult:
+    """Served GVRs, the group-versions reported stale, and how many requests the pass made."""
+
+    resources: dict[GVR, ResourceInfo] = field(default_factory=dict)
+    stale_group_versions: set[str] = field(default_factory=set)
+    requests: int = 0
+    aggregated: bool = True
+
+
+class DiscoveryClient:
+    """Discovers served resources; remembers the last result so unavailable group-versions keep their GVRs."""
+
+    def __init__(self, client: ApiClient, timeout: float = 10.0) -> None:
+        self.client = client
+        self.timeout = timeout
+        self.aggregated: bool | None = None  # None until the server has been asked
+        self._last: dict[GVR, ResourceInfo] = {}
+        self._log = logger.bind(component="discovery")
+
+    async def discover(self) -> DiscoveryResult:
+        """One discovery pass over ``/api`` and ``/apis``."""
+        result = DiscoveryResult()
+        if self.aggregated is not False:
+            docs = await asyncio.gather(*(self._get(p, result, _AGGREGATED) for p in ("/api", "/apis")))
+            if all(d.get("kind") == "APIGroupDiscoveryList" for d in docs):
+                self.aggregated = True
+                for doc in docs:
+                    self._read_aggregated(doc, result)
+            else:
+                self._log.info("server has no aggregated discovery; using per-group-version discovery")
+                self.aggregated = False
+        if self.aggregated is False:
+            result.aggregated = False
+            await self._legacy(result)
+        # Unavailable group-versions keep what was last known of them.
+        for gvr, info in self._last.items():
+            if gvr.group_version in result.stale_group_versions and gvr not in result.resources:
+                result.resources[gvr] = ResourceInfo(gvr, info.kind, info.namespaced, info.verbs, info.preferred, True)
+        self._last = result.resources
+        return result
+
+    async def _get(self, path: str, result: DiscoveryResult, accept: str = "application/json") -> dict:  # type: ignore[type-arg]
+        result.requests += 1
+        doc = await self.client.request("GET", path, headers={"Accept": accept}, timeout=self.timeout)
+        return doc if isinstance(doc, dict) else {}
+
+    @staticmethod
+    def _read_aggregated(doc: dict, result: DiscoveryResult) -> None:  # type: ignore[type-arg]
+        for group in doc.get("items") or ():
+            gname = (group.get("metadata") or {}).get("name", "")
+            for i, version in enumerate(group.get("versions") or ()):
+                v = version["version"]
+                gv = f"{gname}/{v}" if gname else v
+                if version.get("freshness") == "Stale":
+                    result.stale_group_versions.add(gv)
+                    continue
+                for res in version.get("resources") or ():
+                    gvr = GVR(gname, v, res["resource"])
+                    kind = (res.get("responseKind") or {}).get("kind", "")
+                    result.resources[gvr] = ResourceInfo(
+                        gvr, kind, res.get("scope") == "Namespaced", frozenset(res.get("verbs") or ()), i == 0)
+
+    async def _legacy(self, result: DiscoveryResult) -> None:
+        core, groups = await asyncio.gather(self._get("/api", result), self._get("/apis", result))
+        gvs: list[tuple[str, str, bool]] = [("", v, i == 0) for i, v in enumerate(core.get("versions") or ())]
+        for g in groups.get("groups") or ():
+            preferred = (g.get("preferredVersion") or {}).get("version")
+            gvs.extend((g["name"], v["version"], v["version"] == preferred) for v in g.get("versions") or ())
+        await asyncio.gather(*(self._legacy_gv(result, *gv) for gv in gvs))
+
+    async def _legacy_gv(self, result: DiscoveryResult, group: str, version: str, preferred: bool) -> None:
+        gv = f"{group}/{version}" if group else version
+        path = f"/apis/{gv}" if group else f"/api/{version}"
+        try:
+            doc = await self._get(path, result)
+        except (ApiError, OSError, TimeoutError) as e:
+            self._log.warning("discovery of {} failed ({}); keeping its last known resources as stale", gv, e)
+            result.stale_group_versions.add(gv)
+            return
+        for res in doc.get("resources") or ():
+            if "/" in res["name"]:
+                continue  # subresource
+            gvr = GVR(group, version, res["name"])
+            result.resources[gvr] = ResourceInfo(
+                gvr, res.get("kind", ""), bool(res.get("namespaced")), frozenset(res.get("verbs") or ()), preferred)

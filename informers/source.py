@@ -1,0 +1,85 @@
+"""InformerSource: a changing set of informers, and coalescing change notifications for its subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Protocol
+
+from .gvr import GVR
+from .shared_informer import SharedIndexInformer
+
+
+class Subscription:
+    """An async iterator of change ticks. Ticks coalesce: however many changes happen while the subscriber is
+    busy, it sees one tick, after which it should re-read ``informers()``. Iteration ends when unsubscribed."""
+
+    def __init__(self, id: str) -> None:
+        self.id = id
+        self._pending = asyncio.Event()
+        self._closed = False
+
+    def notify(self) -> None:
+        """Record a change; never blocks."""
+        self._pending.set()
+
+    def close(self) -> None:
+        """End the iteration (after a pending tick, if any, has been taken)."""
+        self._closed = True
+        self._pending.set()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the subscription has ended."""
+        return self._closed
+
+    def __aiter__(self) -> AsyncIterator[None]:
+        return self
+
+    async def __anext__(self) -> None:
+        await self._pending.wait()
+        self._pending.clear()
+        if self._closed:
+            raise StopAsyncIteration
+
+
+class Notifier:
+    """Subscriptions by id: re-subscribing an id replaces (and ends) the previous subscription."""
+
+    def __init__(self) -> None:
+        self._subs: dict[str, Subscription] = {}
+
+    def subscribe(self, id: str) -> Subscription:
+        """A new subscription under ``id``; it starts with one tick so the subscriber reads the current state."""
+        old = self._subs.pop(id, None)
+        if old is not None:
+            old.close()
+        sub = self._subs[id] = Subscription(id)
+        sub.notify()
+        return sub
+
+    def unsubscribe(self, id: str) -> None:
+        """End the subscription ``id`` (no-op if absent)."""
+        sub = self._subs.pop(id, None)
+        if sub is not None:
+            sub.close()
+
+    def notify_all(self) -> None:
+        """Tick every subscription."""
+        for sub in self._subs.values():
+            sub.notify()
+
+    def close_all(self) -> None:
+        """End every subscription."""
+        for sub in self._subs.values():
+            sub.close()
+        self._subs.clear()
+
+
+class InformerSource(Protocol):
+    """What a ControllerManager consumes: subscribe to changes, read the synced / not-synced split."""
+
+    def subscribe(self, id: str) -> Subscription: ...
+
+    def unsubscribe(self, id: str) -> None: ...
+
+    def informers(self) -> tuple[dict[GVR, SharedIndexInformer], list[GVR]]: ...
