@@ -84,6 +84,7 @@ class Reflector:
         self._rv_unavailable = False
         self._need_list = True
         self._backoff = self.options.backoff()
+        self._init_backoff = Backoff(initial=0.05, jitter=0.2)
         self._log = logger.bind(gvr=str(gvr))
         m = metrics or InformerMetrics.for_registry()
         g = str(gvr)
@@ -132,6 +133,10 @@ class Reflector:
                 self._require_relist("expired")
             elif e.status == 429:
                 delay = e.retry_after if e.retry_after is not None else delay
+                if "initializing" in e.message:
+                    # A new resource's watch cache is ready within milliseconds although the server asks
+                    # for a full second: retry sooner, doubling up to what the server asked.
+                    delay = min(delay, self._init_backoff.next())
             else:
                 self._require_relist(f"http_{e.status}")
             level = "WARNING" if e.status in (401, 403, 404) else "INFO"
@@ -161,6 +166,7 @@ class Reflector:
 
     def _succeeded(self) -> None:
         self.last_error = None
+        self._init_backoff.reset()
 
     # -- list --------------------------------------------------------------------------------------------
     async def _list(self) -> None:
