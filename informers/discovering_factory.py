@@ -331,6 +331,9 @@ class DiscoveringDynamicSharedInformerFactory:
             desired[info.gvr] = identity[0] if identity else ""
         self._status = status
         changed = await self._reconcile(desired)
+        self._log.debug("discovery pass {} ({}): {} GVRs served, {} watched, {} requests, {:.0f} ms",
+                        self.passes, "periodic" if periodic else "triggered", len(result.resources), len(desired),
+                        result.requests, (time.monotonic() - self._last_pass_started) * 1000)
         if crds is not None:
             self._retry_missing_crds(crds, result)
         if changed:

@@ -1,0 +1,38 @@
+"""Reconcile requests and results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Names the object to reconcile (``namespace`` is None for cluster-scoped objects)."""
+
+    name: str
+    namespace: str | None = None
+
+    @classmethod
+    def for_object(cls, obj: Any) -> "Request":
+        """The request for an object dict (or a ``DeletedFinalStateUnknown`` tombstone)."""
+        obj = getattr(obj, "obj", obj)
+        meta = obj["metadata"]
+        return cls(meta["name"], meta.get("namespace") or None)
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` or ``name``: the informer store key."""
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    def __str__(self) -> str:
+        return self.key
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a reconcile asks for next: nothing (default), a rate-limited ``requeue``, or a re-run after
+    ``requeue_after`` seconds."""
+
+    requeue: bool = False
+    requeue_after: float | None = None
