@@ -6,17 +6,24 @@ from typing import Any
 
 from loguru import logger
 
-from informers import GVR, HandlerRegistration, InformerSource, SharedIndexInformer
+from informers import GVR, ApiClient, HandlerRegistration, InformerSource, SharedIndexInformer
 
 
 class ControllerContext:
     """The synced informers of a controller's required GVRs, plus handler registration that is undone when the
-    controller stops (so a stopped controller never leaves handlers on informers that survive it)."""
+    controller stops (so a stopped controller never leaves handlers on informers that survive it).
 
-    def __init__(self, name: str, informers: dict[GVR, SharedIndexInformer], source: InformerSource) -> None:
+    ``client`` is the API client (to write objects), ``workers`` and ``resync_period`` the process defaults.
+    """
+
+    def __init__(self, name: str, informers: dict[GVR, SharedIndexInformer], source: InformerSource,
+                 client: ApiClient | None = None, workers: int = 1, resync_period: float | None = None) -> None:
         self.name = name
         self.informers = informers
         self.source = source
+        self.client = client
+        self.workers = workers
+        self.resync_period = resync_period
         self.log = logger.bind(controller=name)
         self._registrations: list[HandlerRegistration] = []
 
@@ -32,7 +39,7 @@ class ControllerContext:
         """Register ``handler`` on an informer; it is removed automatically when the controller stops."""
         inf = informer if isinstance(informer, SharedIndexInformer) else self.informer(informer)
         own = getattr(handler, "name", "")
-        reg = inf.add_event_handler(handler, resync_period,
+        reg = inf.add_event_handler(handler, resync_period if resync_period is not None else self.resync_period,
                                     name=self.name if own in ("", self.name) else f"{self.name}/{own}")
         self._registrations.append(reg)
         return reg

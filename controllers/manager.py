@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Sequence, Union
 from loguru import logger
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from informers import GVR, Backoff, InformerSource
+from informers import GVR, ApiClient, Backoff, InformerSource
 
 from .context import ControllerContext
 
@@ -110,10 +110,14 @@ class ControllerManager:
     def __init__(
         self, suffix: str, informer_source: InformerSource, controllers: dict[str, ManagedController], *,
         stop_timeout: float = 30.0, backoff: Callable[[], Backoff] | None = None,
-        metrics_registry: CollectorRegistry | None = None,
+        metrics_registry: CollectorRegistry | None = None, client: ApiClient | None = None, workers: int = 1,
+        resync_period: float | None = None,
     ) -> None:
         self.name = CONTROLLER_NAME_PREFIX + suffix
         self.source = informer_source
+        self.client = client
+        self.workers = workers
+        self.resync_period = resync_period
         self.stop_timeout = stop_timeout
         make_backoff = backoff or (lambda: Backoff(initial=1.0, cap=60.0, jitter=0.5))
         self._runners = {name: _Runner(name, spec, make_backoff()) for name, spec in controllers.items()}
@@ -208,7 +212,7 @@ class ControllerManager:
             await self._start(r, {g: synced[g] for g in r.spec.required_gvrs})
 
     async def _start(self, r: _Runner, informers: dict[GVR, Any]) -> None:
-        ctx = ControllerContext(r.name, informers, self.source)
+        ctx = ControllerContext(r.name, informers, self.source, self.client, self.workers, self.resync_period)
         try:
             start = r.spec.create(ctx)
             if inspect.isawaitable(start):

@@ -1,17 +1,174 @@
-"""The ``syncer`` command line."""
+"""The ``syncer`` command line: run, check-config, discover, status, version, controlplane.
+
+User mistakes (settings, plugins, kubeconfig) end with one ``error:`` line and exit code 2, before anything
+connects to the API server.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
+import importlib.metadata
+import json
+import os
 import signal
 import sys
 import threading
+import urllib.error
+import urllib.request
+from typing import Any, Sequence
 
+from kubernetes.config.config_exception import ConfigException
+
+from informers import ApiClient, DiscoveryClient, ResourceFilter
+
+from .logs import setup_logging
+from .plugins import PluginError, load_plugins
+from .settings import Settings, SettingsError, load_settings
 from .testing.assets import AssetsError
 from .testing.controlplane import ControlPlane, ControlPlaneError
 
+EXIT_USAGE = 2
 
-def _controlplane(args: argparse.Namespace) -> int:
+
+class UsageError(Exception):
+    """A mistake of the user's that stops the command with exit code 2."""
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    path = args.settings or os.environ.get("SYNCER_SETTINGS") or None
+    try:
+        settings = load_settings(path)
+    except SettingsError as e:
+        raise UsageError(str(e)) from None
+    changes = {k: v for k, v in (("kubeconfig", getattr(args, "kubeconfig", None)),
+                                 ("context", getattr(args, "context", None))) if v}
+    return dataclasses.replace(settings, **changes) if changes else settings
+
+
+def _client(settings: Settings) -> ApiClient:
+    try:
+        if settings.in_cluster:
+            return ApiClient.in_cluster()
+        return ApiClient.from_kubeconfig(settings.kubeconfig or None, settings.context or None)
+    except ConfigException as e:
+        where = "in-cluster configuration" if settings.in_cluster else \
+            f"kubeconfig {settings.kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'}"
+        raise UsageError(f"{where}: {e}; check the 'kubeconfig' / 'context' / 'in_cluster' settings") from None
+    except OSError as e:
+        raise UsageError(f"kubeconfig: {e}; check the 'kubeconfig' setting") from None
+
+
+def _plugins(settings: Settings) -> dict[str, Any]:
+    # Plugins named by dotted path are usually in the working directory (like `python -m` does).
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return load_plugins(settings.plugins, settings.plugin_settings)
+    except PluginError as e:
+        raise UsageError(str(e)) from None
+
+
+# -- commands --------------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runtime import Syncer
+
+    settings = _settings(args)
+    setup_logging(settings.log_level, settings.log_format)
+    controllers = _plugins(settings)
+    cp = None
+    if args.local:
+        try:
+            cp = ControlPlane().start()
+        except (AssetsError, ControlPlaneError) as e:
+            print(f"error: local control plane: {e}", file=sys.stderr)
+            return 1
+        settings = dataclasses.replace(settings, kubeconfig=str(cp.kubeconfig), context="admin", in_cluster=False)
+        print(f"local control plane at {cp.url}; kubeconfig: {cp.kubeconfig}\n"
+              f"  try: {cp.assets.kubectl} --kubeconfig {cp.kubeconfig} apply -f examples/crds/widget.json",
+              flush=True)
+    try:
+        client = _client(settings)
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await Syncer(settings, client, controllers, identity=args.identity).run(stop)
+
+        asyncio.run(main())
+    finally:
+        if cp is not None:
+            cp.stop()
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    controllers = _plugins(settings)
+    print(json.dumps(settings.masked(), indent=2, default=str))
+    print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}")
+    return 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    client = _client(settings)
+    rules = ResourceFilter(settings.include, settings.exclude, namespaced_only=bool(settings.namespace))
+
+    async def main() -> list[Any]:
+        async with client:
+            result = await DiscoveryClient(client).discover()
+        return sorted(result.resources.values(), key=lambda i: (i.gvr.group, i.gvr.resource, i.gvr.version))
+
+    try:
+        infos = asyncio.run(main())
+    except OSError as e:
+        print(f"error: cannot reach the API server {client.host}: {e}", file=sys.stderr)
+        return 1
+    rows = [("GVR", "KIND", "SCOPE", "VERBS", "WATCHED")]
+    for info in infos:
+        why = rules.why_excluded(info)
+        rows.append((str(info.gvr), info.kind, "Namespaced" if info.namespaced else "Cluster",
+                     ",".join(sorted(info.verbs)), "yes" if why is None else f"no: {why}"))
+    _table(rows)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    url = args.url
+    if not url:
+        host, _, port = _settings(args).http_bind.rpartition(":")
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/status"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            doc = json.load(resp)
+    except (urllib.error.URLError, OSError) as e:
+        print(f"error: no syncer answering at {url}: {e}", file=sys.stderr)
+        return 1
+    print(f"identity {doc['identity']}  ready={doc['ready']}  leader={doc['leader']}  "
+          f"lease holder={doc.get('lease_holder') or '-'}\n")
+    _table([("CONTROLLER", "STATE", "RESTARTS", "WAITING FOR", "LAST ERROR")] + [
+        (c["name"], c["state"], str(c.get("restarts", 0)), ",".join(c.get("missing", []) + c.get("not_synced", [])),
+         c.get("last_error", "")) for c in doc["controllers"]])
+    print()
+    _table([("GVR", "STATE", "SOURCE", "REASON")] + [
+        (g["gvr"], g["state"], g["source"], g["reason"]) for g in doc["gvrs"] if g["state"] != "excluded"])
+    return 0
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    try:
+        version = importlib.metadata.version("kube-syncer")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    print(f"kube-syncer {version} (python {sys.version.split()[0]})")
+    return 0
+
+
+def cmd_controlplane(args: argparse.Namespace) -> int:
     try:
         cp = ControlPlane(extra_apiserver_flags=args.apiserver_flag).start()
     except (AssetsError, ControlPlaneError) as e:
@@ -30,17 +187,43 @@ def _controlplane(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``syncer`` console script and ``python -m syncer``."""
     parser = argparse.ArgumentParser(prog="syncer", description="kube-syncer: dynamic Kubernetes controllers")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_settings(p: argparse.ArgumentParser, cluster: bool = True) -> argparse.ArgumentParser:
+        p.add_argument("--settings", metavar="FILE", help="settings TOML file (default: $SYNCER_SETTINGS)")
+        if cluster:
+            p.add_argument("--kubeconfig", help="kubeconfig file (overrides the setting)")
+            p.add_argument("--context", help="kubeconfig context (overrides the setting)")
+        return p
+
+    run = with_settings(sub.add_parser("run", help="run the sidecar"))
+    run.add_argument("--local", action="store_true", help="start a local control plane and run against it")
+    run.add_argument("--identity", help="leader-election identity (default: hostname_uuid)")
+    run.set_defaults(func=cmd_run)
+    with_settings(sub.add_parser("check-config", help="validate settings and plugins, print the effective "
+                                 "settings"), cluster=False).set_defaults(func=cmd_check_config)
+    with_settings(sub.add_parser("discover", help="list served GVRs and whether they would be watched")
+                  ).set_defaults(func=cmd_discover)
+    status = with_settings(sub.add_parser("status", help="show a running sidecar's status"), cluster=False)
+    status.add_argument("--url", help="status URL (default: from http_bind)")
+    status.set_defaults(func=cmd_status)
+    sub.add_parser("version", help="print the version").set_defaults(func=cmd_version)
     cp = sub.add_parser("controlplane", help="run a local etcd + kube-apiserver until Ctrl-C")
     cp.add_argument("--apiserver-flag", action="append", default=[], metavar="FLAG",
                     help="extra kube-apiserver flag (repeatable)")
-    cp.set_defaults(func=_controlplane)
+    cp.set_defaults(func=cmd_controlplane)
     args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        return int(args.func(args))
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE

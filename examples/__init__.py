@@ -1,0 +1,1 @@
+"""Runnable examples and example controller plugins for kube-syncer."""

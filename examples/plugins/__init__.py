@@ -1,0 +1,1 @@
+"""Example controller plugins (load them with ``plugins = ["examples.plugins.<name>"]``)."""

@@ -1,0 +1,76 @@
+"""The sidecar's HTTP endpoints: ``/healthz``, ``/readyz``, ``/metrics`` and ``/status``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+# The event loop is considered stuck when a 1 s ticker has not run for this long.
+_LOOP_STALL = 5.0
+
+
+class StatusServer:
+    """Serves probes, metrics and status; ``status()`` and ``health()`` are supplied by the runtime."""
+
+    def __init__(self, bind: str, status: Callable[[], dict[str, Any]],
+                 health: Callable[[], tuple[bool, list[dict[str, Any]]]], ready: Callable[[], bool]) -> None:
+        host, _, port = bind.rpartition(":")
+        self.host, self.port = host, int(port)
+        self._status, self._health, self._ready = status, health, ready
+        self._runner: web.AppRunner | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._last_tick = time.monotonic()
+
+    async def start(self) -> None:
+        """Bind and serve (raises OSError if the address is taken)."""
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/status", self._status_handler)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self._ticker = asyncio.create_task(self._tick(), name="event loop ticker")
+
+    async def stop(self) -> None:
+        """Stop serving and the ticker."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _tick(self) -> None:
+        while True:
+            self._last_tick = time.monotonic()
+            await asyncio.sleep(1)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        lag = time.monotonic() - self._last_tick
+        healthy, controllers = self._health()
+        loop_ok = lag < _LOOP_STALL
+        body = {"healthy": healthy and loop_ok, "event_loop_lag_seconds": round(lag, 3), "controllers": controllers}
+        return _json(body, 200 if body["healthy"] else 503)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready = self._ready()
+        return web.Response(text="ok\n" if ready else "not ready: API discovery not done\n",
+                            status=200 if ready else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _status_handler(self, request: web.Request) -> web.Response:
+        return _json(self._status(), 200)
+
+
+def _json(body: Any, status: int) -> web.Response:
+    return web.Response(body=orjson.dumps(body, option=orjson.OPT_INDENT_2), status=status,
+                        content_type="application/json")

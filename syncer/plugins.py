@@ -1,0 +1,110 @@
+"""Controller plugins: modules that contribute named ManagedControllers.
+
+A plugin is a module named by dotted path (``examples.plugins.configmap_mirror``), a ``.py`` file path, or an
+installed package advertising an entry point in the ``syncer.controllers`` group. It defines one hook::
+
+    def syncer_controllers(settings: dict) -> dict[str, ManagedController]: ...
+
+``settings`` is the plugin's own table ``[plugin_settings.<short name>]`` (the module's last name, the file's
+stem, or the entry point's name).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+from controllers import ManagedController
+
+HOOK = "syncer_controllers"
+ENTRY_POINT_GROUP = "syncer.controllers"
+
+
+class PluginError(Exception):
+    """A plugin that cannot be used; the message names it and says what is wrong."""
+
+
+def _import(spec: str) -> tuple[str, ModuleType]:
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec)
+        if not path.is_file():
+            raise PluginError(f"plugin {spec!r}: file not found")
+        name = f"syncer_plugin_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise PluginError(f"plugin {spec!r}: cannot be loaded as a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        return path.stem, module
+    return spec.rsplit(".", 1)[-1], importlib.import_module(spec)
+
+
+def _describe_import_error(spec: str, e: BaseException) -> str:
+    if isinstance(e, SyntaxError):
+        return f"plugin {spec!r} has a syntax error at {e.filename}:{e.lineno}: {e.msg}"
+    if isinstance(e, ModuleNotFoundError) and e.name and spec.startswith(e.name):
+        return f"plugin {spec!r} not found: no module named {e.name!r} (is it on PYTHONPATH or installed?)"
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" ({frame.filename}:{frame.lineno})" if frame else ""
+    return f"plugin {spec!r} raised on import: {type(e).__name__}: {e}{where}"
+
+
+def _controllers(origin: str, hook: Callable[..., Any], settings: dict[str, Any]) -> dict[str, ManagedController]:
+    try:
+        result = hook(settings)
+    except Exception as e:
+        raise PluginError(f"plugin {origin!r}: {HOOK}() raised {type(e).__name__}: {e}") from None
+    if not isinstance(result, Mapping):
+        raise PluginError(f"plugin {origin!r}: {HOOK}() returned {type(result).__name__}, expected a dict of "
+                          "name -> ManagedController")
+    for name, value in result.items():
+        if not isinstance(name, str) or not isinstance(value, ManagedController):
+            raise PluginError(f"plugin {origin!r}: {HOOK}() entry {name!r} is {type(value).__name__}, "
+                              "expected a ManagedController")
+    return dict(result)
+
+
+def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, Any]] | None = None,
+                 entry_points: bool = True) -> dict[str, ManagedController]:
+    """Import every plugin and collect their controllers; PluginError on the first problem."""
+    settings = plugin_settings or {}
+    hooks: list[tuple[str, str, Callable[..., Any]]] = []  # (origin, short name, hook)
+    for spec in specs:
+        try:
+            short, module = _import(spec)
+        except PluginError:
+            raise
+        except BaseException as e:  # a plugin may raise anything on import, SystemExit included
+            raise PluginError(_describe_import_error(spec, e)) from None
+        hook = getattr(module, HOOK, None)
+        if not callable(hook):
+            raise PluginError(f"plugin {spec!r} has no function {HOOK}(settings) returning its controllers")
+        hooks.append((spec, short, hook))
+    if entry_points:
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            origin = f"entry point {ep.name} = {ep.value}"
+            try:
+                target = ep.load()
+            except BaseException as e:
+                raise PluginError(_describe_import_error(origin, e)) from None
+            hook = getattr(target, HOOK, target)
+            if not callable(hook):
+                raise PluginError(f"plugin {origin!r} is neither a module with {HOOK}() nor a callable")
+            hooks.append((origin, ep.name, hook))
+    found: dict[str, ManagedController] = {}
+    owner: dict[str, str] = {}
+    for origin, short, hook in hooks:
+        for name, controller in _controllers(origin, hook, dict(settings.get(short, {}))).items():
+            if name in found:
+                raise PluginError(f"controller name {name!r} is defined by both plugin {owner[name]!r} and "
+                                  f"plugin {origin!r}; rename one")
+            found[name], owner[name] = controller, origin
+    return found

@@ -1,0 +1,174 @@
+"""Syncer: the sidecar process — connect, discover, elect a leader, run the managed controllers, serve probes.
+
+Order: HTTP endpoints first (so probes answer), then the API server connection (retried with backoff while
+``/readyz`` says not ready), then discovery (``/readyz`` turns ready, on standby replicas too), then, on the
+leader only, the ControllerManager. Losing the lease stops the controllers and rejoins the election; a stop
+request (SIGTERM/SIGINT) stops controllers, releases the lease and shuts informers down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import tenacity
+from loguru import logger
+from prometheus_client import Counter, Gauge
+
+from controllers import ControllerManager, ManagedController
+from informers import ApiClient, ApiError, DiscoveringDynamicSharedInformerFactory, ResourceFilter
+
+from .http import StatusServer
+from .leader import LeaderElector, default_identity
+from .settings import Settings
+
+_LEADER = Gauge("syncer_is_leader", "1 while this replica holds the lease (or election is off).")
+_LEADERSHIPS = Counter("syncer_leadership_acquired_total", "Times this replica became leader.")
+_CONNECT_ERRORS = (OSError, TimeoutError, ApiError)
+
+
+class Syncer:
+    """One sidecar process: ``await run(stop)`` returns when ``stop`` is set and everything is shut down."""
+
+    def __init__(self, settings: Settings, client: ApiClient, controllers: dict[str, ManagedController],
+                 identity: str | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.controllers = controllers
+        self.identity = identity or default_identity()
+        self.ready = False
+        self.factory: DiscoveringDynamicSharedInformerFactory | None = None
+        self.manager: ControllerManager | None = None
+        self.elector = (LeaderElector(client, settings.leader_election, self.identity)
+                        if settings.leader_election.enabled else None)
+        self.http = StatusServer(settings.http_bind, self.status, self.health, lambda: self.ready)
+        self._log = logger.bind(identity=self.identity)
+
+    # -- views -------------------------------------------------------------------------------------------
+    @property
+    def leading(self) -> bool:
+        """Whether this replica runs controllers now."""
+        return self.manager is not None
+
+    def status(self) -> dict[str, Any]:
+        """The ``/status`` document."""
+        manager = self.manager
+        return {
+            "identity": self.identity,
+            "ready": self.ready,
+            "leader": self.leading,
+            "leader_election": self.settings.leader_election.enabled,
+            "lease_holder": self.elector.observed_holder if self.elector else self.identity,
+            "gvrs": [s.as_dict() for s in self.factory.status()] if self.factory else [],
+            "controllers": ([s.as_dict() for s in manager.status().values()] if manager else
+                            [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.controllers]),
+        }
+
+    def health(self) -> tuple[bool, list[dict[str, Any]]]:
+        """Liveness of the controllers: unhealthy if any is stuck or failing."""
+        if self.manager is None:
+            return True, []
+        items = self.manager.health()
+        return all(i["healthy"] for i in items), items
+
+    # -- run ---------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set; then shut down within ``shutdown_timeout``."""
+        await self.http.start()
+        self._log.info("serving /healthz /readyz /metrics /status on {}", self.settings.http_bind)
+        try:
+            if await _until(stop, self._connect()):
+                await _until(stop, self._discover())
+                if self.ready:
+                    await self._lead_while(stop)
+        finally:
+            try:
+                async with asyncio.timeout(self.settings.shutdown_timeout):
+                    await self._shutdown()
+            except TimeoutError:
+                self._log.error("shutdown did not finish within {:g}s", self.settings.shutdown_timeout)
+            await self.http.stop()
+
+    async def _connect(self) -> None:
+        async for attempt in tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(_CONNECT_ERRORS),
+            wait=tenacity.wait_exponential_jitter(initial=0.5, max=30),
+            before_sleep=lambda rs: self._log.warning(
+                "API server {} not reachable (attempt {}: {}); retrying in {:.1f}s", self.client.host,
+                rs.attempt_number, _reason(rs.outcome.exception() if rs.outcome else None),
+                rs.next_action.sleep if rs.next_action else 0),
+        ):
+            with attempt:
+                version = await self.client.request("GET", "/version", timeout=10)
+        self._log.info("connected to {} (Kubernetes {})", self.client.host, version.get("gitVersion", "?"))
+
+    async def _discover(self) -> None:
+        s = self.settings
+        self.factory = DiscoveringDynamicSharedInformerFactory(
+            self.client, filter=ResourceFilter(s.include, s.exclude), namespace=s.namespace or None,
+            rediscovery_interval=s.rediscovery_interval, check_permissions=s.check_permissions)
+        await self.factory.start()
+        synced, pending = self.factory.informers()
+        self.ready = True
+        self._log.info("discovery done: {} informers ({} synced); ready", len(synced) + len(pending), len(synced))
+
+    async def _lead_while(self, stop: asyncio.Event) -> None:
+        assert self.factory is not None
+        while not stop.is_set():
+            if self.elector is not None:
+                self._log.info("waiting to become leader of lease {}/{}", self.settings.leader_election.lease_namespace,
+                               self.settings.leader_election.lease_name)
+                if not await _until(stop, self.elector.acquire()):
+                    return
+            manager = ControllerManager(
+                self.identity, self.factory, self.controllers, client=self.client, workers=self.settings.workers,
+                resync_period=self.settings.resync or None, stop_timeout=self.settings.shutdown_timeout / 2)
+            async with asyncio.timeout(self.settings.start_timeout):
+                await manager.start()
+            self.manager = manager
+            _LEADER.set(1)
+            _LEADERSHIPS.inc()
+            try:
+                if self.elector is not None:
+                    await _until(stop, self.elector.hold())
+                else:
+                    await stop.wait()
+            finally:
+                self.manager = None
+                _LEADER.set(0)
+                await manager.stop()
+
+    async def _shutdown(self) -> None:
+        if self.manager is not None:
+            manager, self.manager = self.manager, None
+            await manager.stop()
+        if self.elector is not None:
+            await self.elector.release()
+        if self.factory is not None:
+            await self.factory.shutdown()
+        await self.client.close()
+        self._log.info("stopped")
+
+
+def _reason(e: BaseException | None) -> str:
+    if e is None:
+        return "unknown"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+async def _until(stop: asyncio.Event, work: Any) -> bool:
+    """Run ``work`` until it finishes (True) or ``stop`` is set first (False, work cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, stopper):
+            t.cancel()
+        results = await asyncio.gather(task, stopper, return_exceptions=True)
+    if task.cancelled() or isinstance(results[0], asyncio.CancelledError):
+        return False
+    if isinstance(results[0], BaseException):
+        raise results[0]
+    return True
+
