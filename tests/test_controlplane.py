@@ -27,7 +27,7 @@ def test_admin_crd_and_custom_object_roundtrip(control_plane: ControlPlane, admi
         "apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": "w1"}, "spec": {"size": 3},
     })
     out = subprocess.run(
-        [str(control_plane.assets.kubectl), "--kubeconfig", str(control_plane.kubeconfig), "get", "widgets",
+        [str(control_plane.assets.kubectl), "--kubeconfig", str(control_plane.kubeconfig), "get", f"widgets.{group}",
          "-n", namespace, "-o", "json"], capture_output=True, text=True, check=True,
     ).stdout
     items = json.loads(out)["items"]

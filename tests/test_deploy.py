@@ -1,0 +1,300 @@
+"""The deployment assets in deploy/: manifests validated by the real apiserver (server-side dry run), their
+RBAC checked by impersonating the service account, and static checks of probes, settings and the Dockerfile."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from informers.resource_filter import Rule
+from syncer.plugins import load_plugins
+from syncer.settings import load_settings
+from syncer.testing.controlplane import ControlPlane
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+MANIFESTS = DEPLOY / "manifests"
+NAMESPACE = "kube-syncer"
+SERVICE_ACCOUNT = f"system:serviceaccount:{NAMESPACE}:kube-syncer"
+SETTINGS_PATH = "/etc/kube-syncer/settings.toml"
+
+EXPECTED_KINDS = {
+    "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
+    "Deployment",
+}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+
+
+def _manifest_files() -> list[Path]:
+    return sorted(p for p in MANIFESTS.iterdir() if p.suffix in (".yaml", ".yml"))
+
+
+def _documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in _manifest_files():
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def _one(kind: str) -> dict[str, Any]:
+    found = [d for d in _documents() if d["kind"] == kind]
+    assert len(found) == 1, f"expected exactly one {kind}, found {len(found)}"
+    return found[0]
+
+
+def _syncer_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    pod = deployment["spec"]["template"]["spec"]
+    found: list[dict[str, Any]] = [c for c in pod.get("initContainers", []) + pod["containers"]
+                                   if c["name"] == "syncer"]
+    assert len(found) == 1
+    return found[0]
+
+
+def _settings() -> dict[str, Any]:
+    return tomllib.loads(_one("ConfigMap")["data"]["settings.toml"])
+
+
+# -- kubectl against the real control plane ---------------------------------------------------------------
+class Kubectl:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.base = [str(cp.assets.kubectl), "--kubeconfig", str(cp.kubeconfig)]
+
+    def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.base, *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+    def ok(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        out = self.run(*args, stdin=stdin)
+        assert out.returncode == 0, f"kubectl {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
+        return out
+
+    def allowed(self, verb: str, resource: str, namespace: str = "", subresource: str = "") -> bool:
+        """Ask the authorizer (SubjectAccessReview) whether the service account may do this. ``resource`` is
+        ``plural`` or ``plural.group``; a leading ``/`` makes it a non-resource URL."""
+        spec: dict[str, Any] = {"user": SERVICE_ACCOUNT,
+                                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}",
+                                           "system:authenticated"]}
+        if resource.startswith("/"):
+            spec["nonResourceAttributes"] = {"verb": verb, "path": resource}
+        else:
+            plural, _, group = resource.partition(".")
+            spec["resourceAttributes"] = {"verb": verb, "group": group, "resource": plural,
+                                          "namespace": namespace, "subresource": subresource}
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        out = self.ok("create", "-f", "-", "-o", "jsonpath={.status.allowed}", stdin=json.dumps(review))
+        return out.stdout.strip() == "true"
+
+
+@pytest.fixture
+def kubectl(control_plane: ControlPlane) -> Kubectl:
+    return Kubectl(control_plane)
+
+
+@pytest.fixture
+def deploy_namespace(kubectl: Kubectl) -> str:
+    """The kube-syncer namespace, created for real from its manifest (with its Pod Security labels), because
+    the server-side dry run of namespaced objects needs it. Idempotent; it is kept for the session."""
+    kubectl.ok("apply", "-f", str(MANIFESTS / "00-namespace.yaml"))
+    return NAMESPACE
+
+
+# -- server-side dry run ----------------------------------------------------------------------------------
+def test_manifests_pass_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
+    out = kubectl.ok("apply", "--dry-run=server", "-f", str(MANIFESTS), "-o", "name")
+    # No deprecation warnings for old apiVersions, no "would violate PodSecurity restricted" warnings.
+    assert "Warning" not in out.stderr, out.stderr
+    reported = set(out.stdout.split())
+    expected = set()
+    for doc in _documents():
+        group = doc["apiVersion"].rpartition("/")[0]
+        resource = doc["kind"].lower() + (f".{group}" if group else "")
+        expected.add(f"{resource}/{doc['metadata']['name']}")
+    assert reported == expected
+    assert {d["kind"] for d in _documents()} == EXPECTED_KINDS
+    assert any(r.startswith("deployment.apps/") for r in reported)
+    assert any(r.startswith("clusterrole.rbac.authorization.k8s.io/") for r in reported)
+    # A dry run persists nothing.
+    missing = kubectl.run("get", "deployment/kube-syncer", "-n", deploy_namespace)
+    assert missing.returncode != 0 and "NotFound" in missing.stderr
+
+
+def test_each_manifest_file_passes_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
+    for path in _manifest_files():
+        out = kubectl.ok("apply", "--dry-run=server", "-f", str(path), "-o", "name")
+        assert out.stdout.strip(), path
+        assert "Warning" not in out.stderr, f"{path.name}: {out.stderr}"
+
+
+def test_dry_run_is_not_vacuous(kubectl: Kubectl, deploy_namespace: str) -> None:
+    """Controls for the checks above: the apiserver rejects a misspelt field and warns about a pod that
+    breaks the namespace's restricted Pod Security level."""
+    deployment = _one("Deployment")
+    typo = yaml.safe_load(yaml.safe_dump(deployment))
+    typo["spec"]["template"]["spec"]["initContainers"][0]["restartPolcy"] = "Always"
+    out = kubectl.run("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(typo))
+    assert out.returncode != 0 and "restartPolcy" in out.stderr, out.stderr
+
+    privileged = yaml.safe_load(yaml.safe_dump(deployment))
+    privileged["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    out = kubectl.ok("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(privileged))
+    assert "PodSecurity" in out.stderr and "allowPrivilegeEscalation" in out.stderr, out.stderr
+
+
+# -- RBAC, as the service account -------------------------------------------------------------------------
+@pytest.fixture
+def applied_rbac(kubectl: Kubectl, deploy_namespace: str) -> Iterator[None]:
+    files = [str(MANIFESTS / f) for f in
+             ("20-clusterrole.yaml", "21-clusterrolebinding.yaml", "30-role.yaml", "31-rolebinding.yaml")]
+    args = [a for f in files for a in ("-f", f)]
+    kubectl.ok("apply", *args)
+    try:
+        yield
+    finally:
+        kubectl.run("delete", "--ignore-not-found", "--wait=false", *args)
+
+
+def test_service_account_gets_exactly_the_needed_permissions(kubectl: Kubectl, applied_rbac: None) -> None:
+    allowed = [
+        ("get", "/apis"), ("get", "/api/v1"), ("get", "/version"),
+        ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("list", "apiservices.apiregistration.k8s.io"),
+        ("create", "selfsubjectaccessreviews.authorization.k8s.io"),
+        ("list", "configmaps"), ("watch", "configmaps", "default"),
+        ("create", "configmaps", "default"), ("patch", "configmaps", "default"), ("delete", "configmaps", "default"),
+        ("watch", "namespaces"), ("create", "namespaces"),
+        ("list", "widgets.examples.kube-syncer.io"), ("watch", "widgets.examples.kube-syncer.io", "default"),
+        ("patch", "widgets.examples.kube-syncer.io", "default", "status"),
+        ("update", "widgets.examples.kube-syncer.io", "default", "status"),
+        ("get", "leases.coordination.k8s.io", NAMESPACE),
+        ("create", "leases.coordination.k8s.io", NAMESPACE),
+        ("update", "leases.coordination.k8s.io", NAMESPACE),
+    ]
+    denied = [
+        ("list", "secrets"), ("list", "pods", NAMESPACE), ("get", "/metrics"),
+        ("delete", "namespaces"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("deletecollection", "configmaps", "default"),
+        ("update", "widgets.examples.kube-syncer.io", "default"),
+        ("delete", "widgets.examples.kube-syncer.io", "default"),
+        ("get", "leases.coordination.k8s.io", "default"),
+        ("update", "leases.coordination.k8s.io", "default"),
+        ("delete", "leases.coordination.k8s.io", NAMESPACE),
+        ("escalate", "clusterroles.rbac.authorization.k8s.io"),
+    ]
+    deadline = time.monotonic() + 15  # new grants reach the RBAC authorizer's cache asynchronously
+    while True:
+        missing = [check for check in allowed if not kubectl.allowed(*check)]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert missing == []
+    assert [check for check in denied if kubectl.allowed(*check)] == []
+
+
+# -- static checks ----------------------------------------------------------------------------------------
+def test_all_namespaced_objects_live_in_the_kube_syncer_namespace() -> None:
+    for doc in _documents():
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in doc["metadata"], doc["kind"]
+        else:
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
+
+
+def test_cluster_role_has_no_wildcards() -> None:
+    for rule in _one("ClusterRole")["rules"]:
+        for key in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
+            assert "*" not in rule.get(key, []), rule
+        assert all(not url.endswith("*") or url in ("/api/*", "/apis/*") for url in rule.get("nonResourceURLs", []))
+    # Leases are granted in the namespace only, never cluster-wide.
+    assert not any("leases" in r.get("resources", []) for r in _one("ClusterRole")["rules"])
+    role = _one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "create", "update"]}]
+
+
+def test_bindings_point_at_the_roles_and_the_service_account() -> None:
+    sa = _one("ServiceAccount")["metadata"]
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = _one(kind)
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
+                                      "name": _one(role_kind)["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
+    pod = _one("Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["name"]
+
+
+def test_deployment_runs_the_syncer_as_a_hardened_sidecar() -> None:
+    deployment = _one("Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    syncer = _syncer_container(deployment)
+    # A native sidecar next to a placeholder application container.
+    assert syncer in pod["initContainers"] and syncer["restartPolicy"] == "Always"
+    assert [c["image"] for c in pod["containers"]] == ["registry.k8s.io/pause:3.10"]
+    assert syncer["image"] == "kube-syncer:latest" and syncer["imagePullPolicy"] == "IfNotPresent"
+
+    probes = {name: syncer[name]["httpGet"] for name in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"] == {"path": "/healthz", "port": 8080}
+    assert probes["readinessProbe"] == {"path": "/readyz", "port": 8080}
+    assert probes["startupProbe"]["port"] == 8080
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in syncer["ports"]
+
+    env = {e["name"]: e for e in syncer["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+    mounts = {m["mountPath"]: m["name"] for m in syncer["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    settings_dir = SETTINGS_PATH.rpartition("/")[0]
+    assert volumes[mounts[settings_dir]]["configMap"]["name"] == _one("ConfigMap")["metadata"]["name"]
+    assert syncer["args"] == ["run", "--settings", SETTINGS_PATH]
+    # The token is mounted into the syncer only, at the path in-cluster clients read.
+    assert pod["automountServiceAccountToken"] is False
+    assert "kube-api-access" == mounts["/var/run/secrets/kubernetes.io/serviceaccount"]
+    assert all("volumeMounts" not in c for c in pod["containers"])
+
+    for container in (syncer, *pod["containers"]):
+        sc = container["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True, container["name"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}, container["name"]
+        assert "memory" in container["resources"]["limits"], container["name"]
+    assert syncer["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def test_settings_toml_matches_the_deployment(tmp_path) -> None:
+    settings = _settings()
+    (tmp_path / "settings.toml").write_text(_one("ConfigMap")["data"]["settings.toml"])
+    checked = load_settings(str(tmp_path / "settings.toml"))  # the syncer's own validation accepts it
+    assert load_plugins(checked.plugins, checked.plugin_settings, entry_points=False).keys() == {
+        "configmap-mirror", "widget-status"}
+    assert settings["in_cluster"] is True
+    assert settings["plugins"] == ["examples.plugins.configmap_mirror", "examples.plugins.widget_status"]
+    assert settings["http_bind"] == "0.0.0.0:8080" and settings["log_format"] == "json"
+    election = settings["leader_election"]
+    assert election["enabled"] is True and election["lease_namespace"] == NAMESPACE
+    for rule in settings["include"] + settings["exclude"]:
+        Rule.parse(rule)  # the syncer's own parser accepts every rule
+    # shutdown_timeout fits in the pod's grace period.
+    grace = _one("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert int(re.fullmatch(r"(\d+)s", settings["shutdown_timeout"]).group(1)) < grace  # type: ignore[union-attr]
+
+
+def test_dockerfile() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert stages and all(s.startswith("python:3.11-slim") for s in stages)
+    runtime = text.rsplit("\nFROM ", 1)[1]
+    assert re.search(r"^USER\s+10001(:10001)?\s*$", runtime, re.M)  # numeric, so runAsNonRoot can verify it
+    assert 'ENTRYPOINT ["syncer"]' in runtime
+    assert f'CMD ["run", "--settings", "{SETTINGS_PATH}"]' in runtime
+    assert re.search(r"^EXPOSE\s+8080\s*$", runtime, re.M)
+    assert re.search(r"^COPY\b.*\bexamples\b", runtime, re.M) and "PYTHONPATH=/app" in runtime
+    # Every top-level package the image builds exists in the repo.
+    for package in ("informers", "controllers", "syncer"):
+        assert f"COPY {package} " in text and (ROOT / package / "__init__.py").exists()
