@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence, Union
 
 from loguru import logger
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from informers import GVR, ApiClient, Backoff, InformerSource
+
+from informers.metrics import MetricSet
 
 from .context import ControllerContext
 
@@ -67,10 +68,9 @@ class ControllerStatus:
                 "last_error": self.last_error, "healthy": self.healthy}
 
 
-class _Metrics:
-    _by_registry: "weakref.WeakKeyDictionary[CollectorRegistry, _Metrics]" = weakref.WeakKeyDictionary()
-
+class _Metrics(MetricSet):
     def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
         self.running = Gauge("controller_manager_controllers_running", "Managed controllers running.",
                              ["manager"], registry=registry)
         self.starts = Counter("controller_manager_starts_total", "Controller starts.", ["manager", "controller"],
@@ -80,12 +80,6 @@ class _Metrics:
         self.failures = Counter("controller_manager_failures_total", "Controller create/run failures.",
                                 ["manager", "controller", "reason"], registry=registry)
 
-    @classmethod
-    def get(cls, registry: CollectorRegistry) -> "_Metrics":
-        m = cls._by_registry.get(registry)
-        if m is None:
-            m = cls._by_registry[registry] = cls(registry)
-        return m
 
 
 class _Runner:
@@ -121,7 +115,7 @@ class ControllerManager:
         self.stop_timeout = stop_timeout
         make_backoff = backoff or (lambda: Backoff(initial=1.0, cap=60.0, jitter=0.5))
         self._runners = {name: _Runner(name, spec, make_backoff()) for name, spec in controllers.items()}
-        self._m = _Metrics.get(metrics_registry or REGISTRY)
+        self._m = _Metrics.for_registry(metrics_registry)
         self._m.running.labels(self.name).set_function(
             lambda: sum(1 for r in self._runners.values() if r.status.state == "running"))
         self._wake = asyncio.Event()

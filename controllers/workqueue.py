@@ -14,11 +14,12 @@ import asyncio
 import heapq
 import itertools
 import time
-import weakref
 from collections import deque
 from typing import Generic, Hashable, TypeVar
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from informers.metrics import MetricSet
 
 from .ratelimiter import RateLimiter, default_controller_rate_limiter
 
@@ -29,10 +30,9 @@ class QueueShutDown(Exception):
     """``get`` on a queue that is shut down and empty."""
 
 
-class _Metrics:
-    _by_registry: "weakref.WeakKeyDictionary[CollectorRegistry, _Metrics]" = weakref.WeakKeyDictionary()
-
+class _Metrics(MetricSet):
     def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
         buckets = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1, 10, 100)
         self.depth = Gauge("workqueue_depth", "Current depth of the workqueue.", ["name"], registry=registry)
         self.adds = Counter("workqueue_adds_total", "Adds handled by the workqueue.", ["name"], registry=registry)
@@ -46,12 +46,6 @@ class _Metrics:
                              "Seconds the longest running item has been processed.", ["name"], registry=registry)
         self.retries = Counter("workqueue_retries_total", "Rate-limited re-adds.", ["name"], registry=registry)
 
-    @classmethod
-    def get(cls, registry: CollectorRegistry) -> "_Metrics":
-        m = cls._by_registry.get(registry)
-        if m is None:
-            m = cls._by_registry[registry] = cls(registry)
-        return m
 
 
 class WorkQueue(Generic[T]):
@@ -76,7 +70,7 @@ class WorkQueue(Generic[T]):
         self._timer: asyncio.TimerHandle | None = None
         self._shutting_down = False
         self._drained: asyncio.Event | None = None
-        self._m = _Metrics.get(metrics_registry or REGISTRY) if name else None
+        self._m = _Metrics.for_registry(metrics_registry) if name else None
         self._added_at: dict[T, float] = {}
         self._started_at: dict[T, float] = {}
         if self._m is not None:

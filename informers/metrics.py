@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import weakref
+from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-_by_registry: "weakref.WeakKeyDictionary[CollectorRegistry, InformerMetrics]" = weakref.WeakKeyDictionary()
+M = TypeVar("M", bound="MetricSet")
+_sets: "weakref.WeakKeyDictionary[CollectorRegistry, dict[type, Any]]" = weakref.WeakKeyDictionary()
 
 
-class InformerMetrics:
+class MetricSet:
+    """A group of metric families created once per registry (prometheus refuses a name registered twice)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    @classmethod
+    def for_registry(cls: type[M], registry: CollectorRegistry | None = None) -> M:
+        """The instance registered on ``registry`` (default: prometheus_client's global one)."""
+        reg = registry if registry is not None else REGISTRY
+        per_class = _sets.setdefault(reg, {})
+        found = per_class.get(cls)
+        if found is None:
+            found = per_class[cls] = cls(reg)
+        return found
+
+
+class InformerMetrics(MetricSet):
     """The informer metric families; get the shared instance of a registry with ``InformerMetrics.for_registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
         self.lists = Counter("informer_lists_total", "LIST requests made (pages count once each).",
                              ["gvr"], registry=registry)
         self.watches = Counter("informer_watches_total", "WATCH requests opened.", ["gvr", "mode"],
@@ -29,15 +49,6 @@ class InformerMetrics:
         self.synced = Gauge("informer_synced", "1 once the informer has synced.", ["gvr"], registry=registry)
         self.handler_queue_depth = Gauge("informer_handler_queue_depth", "Events waiting for one handler.",
                                          ["gvr", "handler"], registry=registry)
-
-    @classmethod
-    def for_registry(cls, registry: CollectorRegistry | None = None) -> "InformerMetrics":
-        """The metrics registered on ``registry`` (default: prometheus_client's global one)."""
-        reg = registry if registry is not None else REGISTRY
-        metrics = _by_registry.get(reg)
-        if metrics is None:
-            metrics = _by_registry[reg] = cls(reg)
-        return metrics
 
     def forget(self, gvr: str) -> None:
         """Drop the per-GVR gauges of a stopped informer (counters stay: they are monotonic)."""

@@ -53,6 +53,15 @@ class FuncHandler:
         )
 
 
+async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 def _bind(handler: Any, method: str) -> tuple[Callable[..., Any] | None, bool]:
     fn = getattr(handler, method, None)
     return fn, bool(fn is not None and inspect.iscoroutinefunction(fn))
@@ -82,12 +91,7 @@ class HandlerRegistration:
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait until ``has_synced()``; False on timeout."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self._synced.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await _wait(self._synced, timeout)
 
     @property
     def queue_depth(self) -> int:
@@ -197,12 +201,7 @@ class SharedIndexInformer:
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait for the first full list; False on timeout."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self._synced.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await _wait(self._synced, timeout)
 
     @property
     def last_error(self) -> Exception | None:

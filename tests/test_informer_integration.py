@@ -45,12 +45,9 @@ def factory_for(api: ApiClient, **kw) -> DynamicSharedInformerFactory:
 
 
 def counter_sum(f: DynamicSharedInformerFactory, name: str, **labels) -> float:
-    total = 0.0
-    for fam in f.metrics.__dict__.values():
-        for sample in fam.collect()[0].samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    """Sum of a metric's samples matching ``labels`` in the factory's own registry."""
+    return sum(sample.value for family in f.metrics.registry.collect() for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
 
 
 async def test_initial_sync_by_watch_list_then_watch_events_in_order(api, namespace) -> None:

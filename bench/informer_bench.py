@@ -1,0 +1,430 @@
+"""Informer benchmarks (issue 3): ours vs the official client's SharedInformer vs kopf vs client-go.
+
+Usage: .venv/bin/python bench/informer_bench.py [--sizes 10000,50000] [--reps 2] [--updates 20000] [--rate 400]
+       [--contenders ours,official,kopf,client-go,client-go-nomf] [--cap 600] [--out bench/out]
+
+One run starts one local control plane (etcd + kube-apiserver), creates the ConfigMaps once per size, then
+runs every contender against the same namespaces, one after another, each in its own process (so RSS and CPU
+are its own). The machine is small and shared, so only the ratios between contenders of the same run mean
+much. Raw results go to <out>/informer-<timestamp>.json, the tables to <out>/informer-<timestamp>.md.
+
+1. Initial sync of N ConfigMaps (~1 KiB each): wall time from informer start to "handler has every object",
+   and RSS growth per object ((RSS at sync - RSS just before the start, after imports and client setup) / N).
+2. Sustained updates: a writer process (4 coroutines, --rate patches/s in all) patches the objects of the
+   first size's namespace --updates times; each contender reports its CPU seconds (user+sys) per 10,000
+   update events delivered to a no-op handler and the write-to-handler latency p50/p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import hashlib
+import json
+import os
+import platform
+import queue
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from informers import ApiClient, ApiError
+from syncer.testing import ControlPlane
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PYTHON = sys.executable
+GO_BINARY = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kube-syncer" / "bench" / "clientgo-informer"
+
+# name -> argv prefix; every runner takes the same flags (Go's flag package accepts --flag too).
+CONTENDERS: dict[str, list[str]] = {
+    "ours": [PYTHON, str(BENCH / "runner_ours.py")],
+    "official": [PYTHON, str(BENCH / "runner_official.py")],
+    "kopf": [PYTHON, str(BENCH / "runner_kopf.py")],
+    "client-go": [str(GO_BINARY)],
+    # client-go with a transform dropping managedFields, i.e. caching what ours caches by default.
+    "client-go-nomf": [str(GO_BINARY), "--drop-managed-fields"],
+}
+REFERENCE = "client-go"  # the targets are stated against client-go's defaults
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- setup -------------------------------------------------------------------------------------------------
+def build_clientgo() -> None:
+    """Build the Go runner into the cache (Go's build cache makes this a no-op when nothing changed)."""
+    GO_BINARY.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.which("go") is None:
+        raise SystemExit("go is not on PATH: needed to build bench/clientgo")
+    subprocess.run(["go", "build", "-o", str(GO_BINARY), "."], cwd=BENCH / "clientgo", check=True)
+
+
+def configmap(i: int) -> dict[str, Any]:
+    # Four 200-character values: with the server's metadata the stored object is ~1 KiB of JSON
+    # (plus managedFields). Hex digests keep values distinct per object, like real data.
+    seed = hashlib.sha256(str(i).encode()).hexdigest()
+    data = {f"key{k}": (seed * 4)[k * 7: k * 7 + 200] for k in range(4)}
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": f"cm-{i:05d}", "labels": {"app": "informer-bench", "shard": str(i % 16)}},
+        "data": data,
+    }
+
+
+async def create_objects(kubeconfig: str, namespace: str, n: int, concurrency: int = 32) -> float:
+    """Create the namespace and n ConfigMaps with our client, ``concurrency`` requests in flight."""
+    client = ApiClient.from_kubeconfig(kubeconfig)
+    try:
+        await client.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        next_i = 0
+        start = time.monotonic()
+
+        async def worker() -> None:
+            nonlocal next_i
+            while next_i < n:
+                i = next_i
+                next_i += 1
+                for attempt in range(5):
+                    try:
+                        await client.request("POST", path, body=configmap(i))
+                        break
+                    except ApiError as e:
+                        if e.status == 409:
+                            break
+                        if attempt == 4:
+                            raise
+                        await asyncio.sleep(0.5 * (attempt + 1))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.monotonic() - start
+        sample = await client.request("GET", f"{path}/cm-00000")
+        size = len(json.dumps(sample, separators=(",", ":")))
+        sample["metadata"].pop("managedFields", None)
+        size_nomf = len(json.dumps(sample, separators=(",", ":")))
+        log(f"created {n} ConfigMaps in {namespace} in {elapsed:.1f}s ({n / elapsed:.0f}/s); "
+            f"one object is {size} bytes of JSON ({size_nomf} without managedFields)")
+        return elapsed
+    finally:
+        await client.close()
+
+
+# -- runner processes --------------------------------------------------------------------------------------
+class Runner:
+    """One contender process; reads its JSON lines on a thread so the driver can wait with timeouts."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+        self.name = name
+        self._stderr = open(log_path, "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     text=True, cwd=REPO)
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.notes: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(line))
+            except json.JSONDecodeError:
+                self.lines.put({"event": "junk", "line": line.rstrip()})
+        self.lines.put(None)
+
+    def expect(self, event: str, timeout: float) -> dict[str, Any] | None:
+        """The next line with this event; None on timeout or if the process ended first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if msg is None:
+                return None
+            if msg["event"] == event:
+                return msg
+            self.notes.append(msg)
+            if msg["event"] == "error":
+                return None
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self, timeout: float = 60.0) -> None:
+        """Let the process exit (collecting trailing lines such as "shutdown"), kill it if it does not."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.notes.append({"event": "note", "note": f"killed after {timeout:.0f}s at exit"})
+            self.proc.kill()
+            self.proc.wait()
+        while True:
+            try:
+                msg = self.lines.get(timeout=1)
+            except queue.Empty:
+                break
+            if msg is None:
+                break
+            self.notes.append(msg)
+        self._stderr.close()
+
+
+def apiserver_cpu(cp: ControlPlane) -> float:
+    """CPU seconds used so far by the apiserver and etcd together (the server side of each phase)."""
+    total = 0.0
+    for pid in cp.pids:
+        t = psutil.Process(pid).cpu_times()
+        total += t.user + t.system
+    return total
+
+
+def run_sync(cp: ControlPlane, name: str, namespace: str, n: int, cap: float, logs: Path) -> dict[str, Any]:
+    argv = CONTENDERS[name] + ["--kubeconfig", str(cp.kubeconfig), "--namespace", namespace, "--expect", str(n),
+                               "--timeout", str(cap)]
+    r = Runner(name, argv, logs / f"sync-{n}-{name}-{time.strftime('%H%M%S')}.log")
+    res: dict[str, Any] = {"contender": name, "n": n}
+    base = r.expect("baseline", 120)
+    if base is None:
+        r.proc.kill()
+        r.finish()
+        return {**res, "error": "no baseline", "notes": r.notes}
+    server0 = apiserver_cpu(cp)
+    synced = r.expect("synced", cap + 60)
+    server1 = apiserver_cpu(cp)
+    if synced is None or not synced.get("ok"):
+        r.proc.kill()
+        r.finish()
+        return {**res, "capped": True, "cap": cap, "synced": synced, "notes": r.notes}
+    r.finish()
+    return {
+        **res, "wall": synced["wall"], "objects": synced["objects"], "adds": synced["adds"],
+        "rss_base": base["rss"], "rss_synced": synced["rss"], "rss_settled": synced["rss_settled"],
+        "maxrss": synced["maxrss"],
+        "rss_per_obj": (synced["rss"] - base["rss"]) / n,
+        "rss_settled_per_obj": (synced["rss_settled"] - base["rss"]) / n,
+        "cpu_sync": synced["cpu"] - base["cpu"], "server_cpu": server1 - server0,
+        "watch_list": synced.get("watch_list"), "notes": r.notes,
+    }
+
+
+def run_updates(cp: ControlPlane, name: str, namespace: str, n: int, updates: int, rate: float, cap: float,
+                logs: Path) -> dict[str, Any]:
+    argv = CONTENDERS[name] + ["--kubeconfig", str(cp.kubeconfig), "--namespace", namespace, "--expect", str(n),
+                               "--mode", "updates", "--updates", str(updates), "--timeout", str(cap)]
+    r = Runner(name, argv, logs / f"updates-{name}-{time.strftime('%H%M%S')}.log")
+    res: dict[str, Any] = {"contender": name, "n": n, "updates": updates}
+    synced = r.expect("synced", cap + 120)
+    if synced is None or not synced.get("ok"):
+        r.proc.kill()
+        r.finish()
+        return {**res, "error": "did not sync", "notes": r.notes}
+    r.send("go")
+    if r.expect("started", 30) is None:
+        r.proc.kill()
+        r.finish()
+        return {**res, "error": "did not start", "notes": r.notes}
+    server0 = apiserver_cpu(cp)
+    w = subprocess.run(
+        [PYTHON, str(BENCH / "writer.py"), "--kubeconfig", str(cp.kubeconfig), "--namespace", namespace,
+         "--objects", str(n), "--updates", str(updates), "--writers", "4", "--rate", str(rate)],
+        capture_output=True, text=True, cwd=REPO, timeout=cap,
+    )
+    writer = json.loads(w.stdout.strip().splitlines()[-1]) if w.returncode == 0 else {"error": w.stderr[-2000:]}
+    done = r.expect("done", cap + 60)
+    server1 = apiserver_cpu(cp)
+    if done is None:
+        r.proc.kill()
+        r.finish()
+        return {**res, "error": "no result", "writer": writer, "notes": r.notes}
+    r.finish()
+    events = done["events"]
+    return {
+        **res, "writer": writer, "events": events, "timed_out": done["timed_out"], "cpu": done["cpu"],
+        "cpu_per_10k": done["cpu"] / events * 10_000 if events else None, "elapsed": done["elapsed"],
+        "lat_p50": done["lat_p50"], "lat_p99": done["lat_p99"], "lat_max": done["lat_max"],
+        "server_cpu": server1 - server0, "notes": r.notes,
+    }
+
+
+# -- report ------------------------------------------------------------------------------------------------
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def summarize(results: dict[str, Any], contenders: list[str]) -> str:
+    out: list[str] = []
+    sizes = sorted({r["n"] for r in results["sync"]})
+    sync_med: dict[tuple[int, str], dict[str, float | None]] = {}
+    for n in sizes:
+        out.append(f"\n#### Initial sync, {n:,} ConfigMaps (median of {results['args']['reps'] if n == sizes[0] else results['args']['reps_large']} run(s))\n")
+        out.append("| contender | wall s | RSS growth B/object | same after gc B/object | peak RSS MiB | client CPU s | apiserver+etcd CPU s | runs |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---|")
+        for name in contenders:
+            runs = [r for r in results["sync"] if r["n"] == n and r["contender"] == name]
+            ok = [r for r in runs if "wall" in r]
+            med = {k: median([r[k] for r in ok]) for k in ("wall", "rss_per_obj", "rss_settled_per_obj", "maxrss",
+                                                           "cpu_sync", "server_cpu")}
+            sync_med[(n, name)] = med
+            capped = [r for r in runs if r.get("capped") or r.get("error")]
+            runs_txt = ", ".join(f"{r['wall']:.2f}" for r in ok) or "-"
+            if capped:
+                runs_txt += f"; {len(capped)} capped/failed (cap {results['args']['cap']:.0f}s)"
+            out.append(f"| {name} | {fmt(med['wall'], '.2f')} | {fmt(med['rss_per_obj'], ',.0f')} | "
+                       f"{fmt(med['rss_settled_per_obj'], ',.0f')} | "
+                       f"{fmt(med['maxrss'] and med['maxrss'] / 2**20, ',.0f')} | {fmt(med['cpu_sync'], '.2f')} | "
+                       f"{fmt(med['server_cpu'], '.2f')} | {runs_txt} |")
+    upd = {r["contender"]: r for r in results["updates"]}
+    if upd:
+        a = results["args"]
+        out.append(f"\n#### Sustained updates: {a['updates']:,} patches at {a['rate']:.0f}/s by 4 writers on "
+                   f"{sizes[0]:,} ConfigMaps\n")
+        out.append("| contender | events seen | client CPU s | CPU s / 10k events | latency p50 ms | p99 ms | max ms | "
+                   "writer rate /s | apiserver+etcd CPU s |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name in contenders:
+            r = upd.get(name)
+            if r is None:
+                continue
+            if "events" not in r:
+                out.append(f"| {name} | failed: {r.get('error')} | | | | | | | |")
+                continue
+            seen = f"{r['events']:,}" + (" (timed out)" if r["timed_out"] else "")
+            out.append(f"| {name} | {seen} | {r['cpu']:.2f} | {fmt(r['cpu_per_10k'], '.2f')} | "
+                       f"{r['lat_p50'] * 1e3:.1f} | {r['lat_p99'] * 1e3:.1f} | {r['lat_max'] * 1e3:.1f} | "
+                       f"{fmt(r['writer'].get('rate'), '.0f')} | {r['server_cpu']:.2f} |")
+
+    # Targets, all stated for "ours" against the others.
+    out.append("\n#### Targets\n")
+    out.append("| target | measured | met? |")
+    out.append("|---|---|---|")
+
+    def ratio_line(label: str, mine: float | None, other: float | None, limit: float, better_low: bool,
+                   how: str) -> None:
+        if mine is None or other is None or other == 0 or mine == 0:
+            out.append(f"| {label} | n/a | n/a |")
+            return
+        ratio = mine / other if better_low else other / mine
+        met = ratio <= limit if better_low else ratio >= limit
+        out.append(f"| {label} | {how.format(ratio=ratio)} | {'yes' if met else 'NO'} |")
+
+    for n in sizes:
+        ours = sync_med.get((n, "ours"), {})
+        ref = sync_med.get((n, REFERENCE), {})
+        ratio_line(f"{n:,}: sync wall <= 1.5x client-go", ours.get("wall"), ref.get("wall"), 1.5, True,
+                   "{ratio:.2f}x client-go")
+        for other in ("official", "kopf"):
+            o = sync_med.get((n, other), {})
+            capped = o.get("wall") is None and any(r["n"] == n and r["contender"] == other and r.get("capped")
+                                                   for r in results["sync"])
+            if capped and ours.get("wall"):
+                ratio = results["args"]["cap"] / ours["wall"]
+                out.append(f"| {n:,}: sync >= 3x faster than {other} | > {ratio:.1f}x ({other} capped at "
+                           f"{results['args']['cap']:.0f}s) | yes |")
+            else:
+                ratio_line(f"{n:,}: sync >= 3x faster than {other}", ours.get("wall"), o.get("wall"), 3.0, False,
+                           "{ratio:.1f}x faster")
+        ratio_line(f"{n:,}: RSS/object <= 1.5x client-go", ours.get("rss_per_obj"), ref.get("rss_per_obj"), 1.5,
+                   True, "{ratio:.2f}x client-go")
+    if upd:
+        mine = upd.get("ours", {}).get("cpu_per_10k")
+        ratio_line("updates: CPU/event <= 2x client-go", mine, upd.get(REFERENCE, {}).get("cpu_per_10k"), 2.0, True,
+                   "{ratio:.2f}x client-go")
+        for other in ("official", "kopf"):
+            ratio_line(f"updates: CPU/event <= 1/3 of {other}", mine, upd.get(other, {}).get("cpu_per_10k"),
+                       1 / 3, True, "{ratio:.2f}x " + other)
+    return "\n".join(out)
+
+
+# -- main --------------------------------------------------------------------------------------------------
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10000,50000")
+    p.add_argument("--reps", type=int, default=2, help="sync runs per contender for the first size")
+    p.add_argument("--reps-large", type=int, default=1, help="sync runs per contender for the other sizes")
+    p.add_argument("--large-contenders", default="", help="contenders for sizes after the first (default: all)")
+    p.add_argument("--updates", type=int, default=20000)
+    p.add_argument("--rate", type=float, default=400.0, help="patches per second in all, 0 = unthrottled")
+    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--cap", type=float, default=600.0, help="seconds before a contender's phase is given up")
+    p.add_argument("--out", default=str(BENCH / "out"))
+    args = p.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    contenders = [c for c in args.contenders.split(",") if c]
+    large = [c for c in args.large_contenders.split(",") if c] or contenders
+    for c in contenders + large:
+        if c not in CONTENDERS:
+            raise SystemExit(f"unknown contender {c!r} (have {', '.join(CONTENDERS)})")
+    out = Path(args.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    logs = out / f"logs-{stamp}"
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    if any(c.startswith("client-go") for c in contenders):
+        log("building the client-go runner")
+        build_clientgo()
+    log("starting the control plane")
+    cp = ControlPlane().start()  # main thread: its processes die with this thread
+    results: dict[str, Any] = {
+        "args": vars(args), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "load_at_start": os.getloadavg()},
+        "create": {}, "sync": [], "updates": [],
+    }
+    try:
+        for n in sizes:
+            ns = f"bench-{n}"
+            results["create"][n] = asyncio.run(create_objects(str(cp.kubeconfig), ns, n))
+            reps = args.reps if n == sizes[0] else args.reps_large
+            who = contenders if n == sizes[0] else [c for c in contenders if c in large]
+            for rep in range(reps):
+                # Rotate the order each repetition so no contender always runs right after another one.
+                order = who[rep % len(who):] + who[:rep % len(who)]
+                for name in order:
+                    r = run_sync(cp, name, ns, n, args.cap, logs)
+                    results["sync"].append(r)
+                    if "wall" in r:
+                        log(f"sync {n:>6} {name:15} {r['wall']:7.2f}s  {r['rss_per_obj']:8,.0f} B/obj  "
+                            f"cpu {r['cpu_sync']:6.2f}s  server cpu {r['server_cpu']:6.2f}s")
+                    else:
+                        log(f"sync {n:>6} {name:15} FAILED/CAPPED: {r.get('error') or r.get('synced')}")
+        if args.updates:
+            n = sizes[0]
+            for name in contenders:
+                r = run_updates(cp, name, f"bench-{n}", n, args.updates, args.rate, args.cap, logs)
+                results["updates"].append(r)
+                if "events" in r:
+                    log(f"updates {name:15} {r['events']} events  cpu {r['cpu']:.2f}s  "
+                        f"({fmt(r['cpu_per_10k'], '.2f')} s/10k)  p50 {r['lat_p50'] * 1e3:.1f} ms  "
+                        f"p99 {r['lat_p99'] * 1e3:.1f} ms  writer {r['writer'].get('rate', 0):.0f}/s")
+                else:
+                    log(f"updates {name:15} FAILED: {r.get('error')}")
+    finally:
+        results["total_seconds"] = time.monotonic() - started
+        results["machine"]["load_at_end"] = os.getloadavg()
+        (out / f"informer-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
+        cp.stop()
+    table = summarize(results, contenders)
+    (out / f"informer-{stamp}.md").write_text(table + "\n")
+    print(table)
+    log(f"total {results['total_seconds'] / 60:.1f} min; raw results in {out / f'informer-{stamp}.json'}")
+
+
+if __name__ == "__main__":
+    main()
