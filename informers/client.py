@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping
 
@@ -19,6 +20,7 @@ import orjson
 from .errors import ApiError
 
 _JSON = "application/json"
+_REFRESH_EVERY = 5.0
 
 
 class ApiClient:
@@ -32,6 +34,7 @@ class ApiClient:
         self.host = configuration.host.rstrip("/")
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._next_refresh = 0.0
 
     # -- construction ------------------------------------------------------------------------------------
     @classmethod
@@ -91,8 +94,10 @@ class ApiClient:
 
     async def _headers(self) -> dict[str, str]:
         c = self.configuration
-        if c.refresh_api_key_hook is not None:
-            # The hook may run an exec credential plugin (a subprocess): keep it off the event loop.
+        if c.refresh_api_key_hook is not None and time.monotonic() >= self._next_refresh:
+            # The hook may run an exec credential plugin (a subprocess): keep it off the event loop, and ask
+            # at most every few seconds (it only does work when the credential is about to expire).
+            self._next_refresh = time.monotonic() + _REFRESH_EVERY
             await asyncio.to_thread(c.refresh_api_key_hook, c)
         headers = {"Accept": _JSON}
         key = c.api_key.get("authorization") or c.api_key.get("BearerToken")
