@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, TypeVar
+from typing import Any, Iterator, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, Metric
 
 M = TypeVar("M", bound="MetricSet")
 _sets: "weakref.WeakKeyDictionary[CollectorRegistry, dict[type, Any]]" = weakref.WeakKeyDictionary()
@@ -28,6 +29,23 @@ class MetricSet:
         return found
 
 
+class _EventCollector:
+    def __init__(self, metrics: "InformerMetrics") -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("informer_events_total", "Watch events received, by type.",
+                                     labels=["gvr", "type"])
+        totals: dict[tuple[str, str], int] = {}
+        for owner, counts in list(self.metrics.event_counters.items()):
+            for typ, n in counts.items():
+                key = (str(getattr(owner, "gvr", owner)), typ)
+                totals[key] = totals.get(key, 0) + n
+        for (gvr, typ), n in sorted(totals.items()):
+            family.add_metric([gvr, typ], n)
+        yield family
+
+
 class InformerMetrics(MetricSet):
     """The informer metric families; get the shared instance of a registry with ``InformerMetrics.for_registry``."""
 
@@ -39,8 +57,10 @@ class InformerMetrics(MetricSet):
                                registry=registry)
         self.relists = Counter("informer_relists_total", "Full resynchronisations from the server, by reason.",
                                ["gvr", "reason"], registry=registry)
-        self.events = Counter("informer_events_total", "Watch events received, by type.", ["gvr", "type"],
-                              registry=registry)
+        # Watch events are counted in plain integers on each reflector and exposed at scrape time: a
+        # prometheus_client Counter.inc() per event would cost a sizeable part of handling the event.
+        self.event_counters: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
+        registry.register(_EventCollector(self))
         self.errors = Counter("informer_errors_total", "List/watch failures, by kind.", ["gvr", "kind"],
                               registry=registry)
         self.resource_version = Gauge("informer_last_resource_version",

@@ -92,9 +92,8 @@ class Reflector:
         self._m_relists = m.relists
         self._m_watches = m.watches
         self._m_errors = m.errors
-        self._m_added, self._m_modified, self._m_deleted, self._m_bookmark = (
-            m.events.labels(g, t) for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")
-        )
+        self.event_counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0, "BOOKMARK": 0}
+        m.event_counters[self] = self.event_counts
         m.resource_version.labels(g).set_function(self._numeric_rv)
         self._gvr_label = g
 
@@ -247,13 +246,13 @@ class Reflector:
         count = 0
         pending: dict[str, Obj] | None = {} if initial else None
         sink_apply = self.sink.apply
-        added, modified, deleted, bookmark = self._m_added, self._m_modified, self._m_deleted, self._m_bookmark
+        counts = self.event_counts
         async with self.client.stream(self.path, params, self.options.inactivity_timeout) as events:
             async for ev in events:
                 typ = ev["type"]
                 obj = ev["object"]
                 if typ == "BOOKMARK":
-                    bookmark.inc()
+                    counts["BOOKMARK"] += 1
                     meta = obj["metadata"]
                     if pending is not None and (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
                         self.sink.replace(list(pending.values()), meta["resourceVersion"])
@@ -266,12 +265,7 @@ class Reflector:
                 if typ == "ERROR":
                     raise ApiError.from_status(obj)
                 count += 1
-                if typ == "ADDED":
-                    added.inc()
-                elif typ == "MODIFIED":
-                    modified.inc()
-                elif typ == "DELETED":
-                    deleted.inc()
+                counts[typ] += 1
                 if pending is not None:
                     if typ == "DELETED":
                         pending.pop(object_key(obj), None)
