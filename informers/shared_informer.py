@@ -286,7 +286,7 @@ class SharedIndexInformer:
             await asyncio.gather(task, return_exceptions=True)
         for reg in list(self._registrations):
             await self.remove_event_handler(reg)
-        self.store.replace(())
+        self.store.clear()
         self._metrics.forget(self._gvr_label)
 
     async def run(self) -> None:

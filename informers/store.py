@@ -143,6 +143,12 @@ class Store:
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
+    def clear(self) -> None:
+        """Drop every object and index entry."""
+        self._items = {}
+        for index in self._indices.values():
+            index.clear()
+
     def replace(self, objs: Iterable[Obj]) -> tuple[builtins.list[tuple[Obj | None, Obj]], builtins.list[DeletedFinalStateUnknown]]:
         """Make the store hold exactly ``objs``.
 
@@ -150,9 +156,7 @@ class Store:
         every object that was cached but is absent from the list (deleted while we were not watching).
         """
         old_items = self._items
-        self._items = {}
-        for index in self._indices.values():
-            index.clear()
+        self.clear()
         upserts = []
         for obj in objs:
             key = object_key(obj)

@@ -52,12 +52,11 @@ def _client(settings: Settings) -> ApiClient:
         if settings.in_cluster:
             return ApiClient.in_cluster()
         return ApiClient.from_kubeconfig(settings.kubeconfig or None, settings.context or None)
-    except ConfigException as e:
+    except Exception as e:  # the loader raises anything from ConfigException to TypeError on a bad file
         where = "in-cluster configuration" if settings.in_cluster else \
             f"kubeconfig {settings.kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'}"
-        raise UsageError(f"{where}: {e}; check the 'kubeconfig' / 'context' / 'in_cluster' settings") from None
-    except OSError as e:
-        raise UsageError(f"kubeconfig: {e}; check the 'kubeconfig' setting") from None
+        what = str(e) if isinstance(e, (ConfigException, OSError)) else f"not a valid kubeconfig ({e})"
+        raise UsageError(f"{where}: {what}; check the 'kubeconfig' / 'context' / 'in_cluster' settings") from None
 
 
 def _plugins(settings: Settings) -> dict[str, Any]:
@@ -72,7 +71,7 @@ def _plugins(settings: Settings) -> dict[str, Any]:
 
 # -- commands --------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runtime import Syncer
+    from .runtime import StartupError, Syncer
 
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
@@ -98,7 +97,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 loop.add_signal_handler(sig, stop.set)
             await Syncer(settings, client, controllers, identity=args.identity).run(stop)
 
-        asyncio.run(main())
+        try:
+            asyncio.run(main())
+        except StartupError as e:
+            raise UsageError(str(e)) from None
     finally:
         if cp is not None:
             cp.stop()

@@ -27,6 +27,10 @@ _LEADERSHIPS = Counter("syncer_leadership_acquired_total", "Times this replica b
 _CONNECT_ERRORS = (OSError, TimeoutError, ApiError)
 
 
+class StartupError(Exception):
+    """The process cannot start (e.g. its HTTP address is taken); the message says which setting to fix."""
+
+
 class Syncer:
     """One sidecar process: ``await run(stop)`` returns when ``stop`` is set and everything is shut down."""
 
@@ -74,7 +78,11 @@ class Syncer:
     # -- run ---------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then shut down within ``shutdown_timeout``."""
-        await self.http.start()
+        try:
+            await self.http.start()
+        except OSError as e:
+            raise StartupError(f"setting 'http_bind': cannot listen on {self.settings.http_bind}: {e.strerror or e}")\
+                from None
         self._log.info("serving /healthz /readyz /metrics /status on {}", self.settings.http_bind)
         try:
             if await _until(stop, self._connect()):

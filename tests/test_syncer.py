@@ -197,6 +197,21 @@ def test_bad_input_exits_2_with_one_clear_line(tmp_path, control_plane, case, se
         assert [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
+def test_garbage_kubeconfig_and_taken_port_exit_2(tmp_path, control_plane) -> None:
+    (tmp_path / "garbage").write_text("workers = 3\n")
+    (tmp_path / "a.toml").write_text(f'kubeconfig = "{tmp_path / "garbage"}"\n')
+    proc = _run(["run", "--settings", str(tmp_path / "a.toml")])
+    assert proc.returncode == 2 and "not a valid kubeconfig" in proc.stderr and "Traceback" not in proc.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (tmp_path / "b.toml").write_text(f'kubeconfig = "{control_plane.kubeconfig}"\nhttp_bind = "127.0.0.1:{port}"\n')
+        proc = _run(["run", "--settings", str(tmp_path / "b.toml")])
+    assert proc.returncode == 2, proc.stderr
+    assert f"setting 'http_bind': cannot listen on 127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_unreachable_apiserver_is_retried_while_not_ready(tmp_path, control_plane, sidecars) -> None:
     config = json.loads(control_plane.kubeconfig.read_text())
     config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
