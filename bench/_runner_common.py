@@ -18,11 +18,13 @@ import json
 import resource
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 
-def parse_args(description: str) -> argparse.Namespace:
+def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
+    if extra is not None:
+        extra(p)
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--namespace", required=True)
     p.add_argument("--mode", choices=("sync", "updates"), default="sync")

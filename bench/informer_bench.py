@@ -1,7 +1,7 @@
 """Informer benchmarks (issue 3): ours vs the official client's SharedInformer vs kopf vs client-go.
 
-Usage: .venv/bin/python bench/informer_bench.py [--sizes 10000,50000] [--reps 2] [--updates 20000] [--rate 400]
-       [--contenders ours,official,kopf,client-go,client-go-nomf] [--cap 600] [--out bench/out]
+Usage: .venv/bin/python bench/informer_bench.py [--sizes 10000,50000] [--reps 3] [--reps-large 2] [--updates 20000] [--update-reps 2] [--rate 350]
+       [--contenders ours,ours-list,official,kopf,client-go,client-go-nomf,watch-floor] [--cap 600] [--out bench/out]
 
 One run starts one local control plane (etcd + kube-apiserver), creates the ConfigMaps once per size, then
 runs every contender against the same namespaces, one after another, each in its own process (so RSS and CPU
@@ -47,12 +47,18 @@ GO_BINARY = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "
 # name -> argv prefix; every runner takes the same flags (Go's flag package accepts --flag too).
 CONTENDERS: dict[str, list[str]] = {
     "ours": [PYTHON, str(BENCH / "runner_ours.py")],
+    # Ours with watch-list streaming turned off (paged LIST + WATCH): not a contender, a what-if.
+    "ours-list": [PYTHON, str(BENCH / "runner_ours.py"), "--list-watch"],
     "official": [PYTHON, str(BENCH / "runner_official.py")],
     "kopf": [PYTHON, str(BENCH / "runner_kopf.py")],
     "client-go": [str(GO_BINARY)],
     # client-go with a transform dropping managedFields, i.e. caching what ours caches by default.
     "client-go-nomf": [str(GO_BINARY), "--drop-managed-fields"],
+    # Updates only: a bare ApiClient.stream watch, the transport floor under "ours" (see runner_floor.py).
+    "watch-floor": [PYTHON, str(BENCH / "runner_floor.py")],
 }
+UPDATES_ONLY = {"watch-floor"}
+SYNC_ONLY = {"ours-list"}  # after the sync it runs the very same watch code as "ours"
 REFERENCE = "client-go"  # the targets are stated against client-go's defaults
 
 
@@ -61,6 +67,35 @@ def log(msg: str) -> None:
 
 
 # -- setup -------------------------------------------------------------------------------------------------
+# Python subprocesses import the informers package from a snapshot taken when the run starts (see
+# snapshot_informers): other people edit informers/ while benchmarks run, and one run must measure one version.
+CHILD_ENV: dict[str, str] = dict(os.environ)
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _git(*args: str) -> str:
+    # Read-only git queries, to record which version was measured.
+    r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else f"(git {' '.join(args)} failed)"
+
+
+def snapshot_informers(dest: Path) -> dict[str, Any]:
+    """Copy informers/ to dest and make every Python runner import it from there (PYTHONPATH beats the editable
+    install's finder); return what was snapshotted."""
+    shutil.copytree(REPO / "informers", dest / "informers", ignore=shutil.ignore_patterns("__pycache__"))
+    CHILD_ENV["PYTHONPATH"] = os.pathsep.join(filter(None, [str(dest), os.environ.get("PYTHONPATH")]))
+    return {"path": str(dest), "commit": _git("rev-parse", "--short", "HEAD"),
+            "uncommitted_changes": _git("status", "--porcelain", "--", "informers") or None,
+            "digest": _tree_digest(dest / "informers")}
+
+
 def build_clientgo() -> None:
     """Build the Go runner into the cache (Go's build cache makes this a no-op when nothing changed)."""
     GO_BINARY.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +162,7 @@ class Runner:
         self.name = name
         self._stderr = open(log_path, "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     text=True, cwd=REPO)
+                                     text=True, cwd=REPO, env=CHILD_ENV)
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.notes: list[dict[str, Any]] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -215,7 +250,7 @@ def run_sync(cp: ControlPlane, name: str, namespace: str, n: int, cap: float, lo
         "rss_per_obj": (synced["rss"] - base["rss"]) / n,
         "rss_settled_per_obj": (synced["rss_settled"] - base["rss"]) / n,
         "cpu_sync": synced["cpu"] - base["cpu"], "server_cpu": server1 - server0,
-        "watch_list": synced.get("watch_list"), "notes": r.notes,
+        "watch_list": synced.get("watch_list"), "module": synced.get("module"), "notes": r.notes,
     }
 
 
@@ -239,7 +274,7 @@ def run_updates(cp: ControlPlane, name: str, namespace: str, n: int, updates: in
     w = subprocess.run(
         [PYTHON, str(BENCH / "writer.py"), "--kubeconfig", str(cp.kubeconfig), "--namespace", namespace,
          "--objects", str(n), "--updates", str(updates), "--writers", "4", "--rate", str(rate)],
-        capture_output=True, text=True, cwd=REPO, timeout=cap,
+        capture_output=True, text=True, cwd=REPO, timeout=cap, env=CHILD_ENV,
     )
     writer = json.loads(w.stdout.strip().splitlines()[-1]) if w.returncode == 0 else {"error": w.stderr[-2000:]}
     done = r.expect("done", cap + 60)
@@ -269,6 +304,10 @@ def fmt(v: float | None, spec: str) -> str:
 
 def summarize(results: dict[str, Any], contenders: list[str]) -> str:
     out: list[str] = []
+    snap = results["informers"]
+    out.append(f"informers/ measured: commit {snap['commit']}, tree digest {snap['digest']}"
+               f"{' (with uncommitted changes)' if snap['uncommitted_changes'] else ''}; "
+               f"run took {results['total_seconds'] / 60:.1f} min")
     sizes = sorted({r["n"] for r in results["sync"]})
     sync_med: dict[tuple[int, str], dict[str, float | None]] = {}
     for n in sizes:
@@ -276,7 +315,12 @@ def summarize(results: dict[str, Any], contenders: list[str]) -> str:
         out.append("| contender | wall s | RSS growth B/object | same after gc B/object | peak RSS MiB | client CPU s | apiserver+etcd CPU s | runs |")
         out.append("|---|---:|---:|---:|---:|---:|---:|---|")
         for name in contenders:
+            if name in UPDATES_ONLY:
+                continue
             runs = [r for r in results["sync"] if r["n"] == n and r["contender"] == name]
+            if not runs:
+                out.append(f"| {name} | not run at this size | | | | | | |")
+                continue
             ok = [r for r in runs if "wall" in r]
             med = {k: median([r[k] for r in ok]) for k in ("wall", "rss_per_obj", "rss_settled_per_obj", "maxrss",
                                                            "cpu_sync", "server_cpu")}
@@ -289,25 +333,33 @@ def summarize(results: dict[str, Any], contenders: list[str]) -> str:
                        f"{fmt(med['rss_settled_per_obj'], ',.0f')} | "
                        f"{fmt(med['maxrss'] and med['maxrss'] / 2**20, ',.0f')} | {fmt(med['cpu_sync'], '.2f')} | "
                        f"{fmt(med['server_cpu'], '.2f')} | {runs_txt} |")
-    upd = {r["contender"]: r for r in results["updates"]}
-    if upd:
+    upd: dict[str, dict[str, float | None]] = {}
+    if results["updates"]:
         a = results["args"]
         out.append(f"\n#### Sustained updates: {a['updates']:,} patches at {a['rate']:.0f}/s by 4 writers on "
-                   f"{sizes[0]:,} ConfigMaps\n")
+                   f"{sizes[0]:,} ConfigMaps (median of {a['update_reps']} run(s))\n")
         out.append("| contender | events seen | client CPU s | CPU s / 10k events | latency p50 ms | p99 ms | max ms | "
-                   "writer rate /s | apiserver+etcd CPU s |")
-        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+                   "writer rate /s | apiserver+etcd CPU s | CPU s / 10k, each run |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for name in contenders:
-            r = upd.get(name)
-            if r is None:
+            runs = [r for r in results["updates"] if r["contender"] == name]
+            if not runs:
                 continue
-            if "events" not in r:
-                out.append(f"| {name} | failed: {r.get('error')} | | | | | | | |")
+            ok = [r for r in runs if "events" in r]
+            failed = [r.get("error") for r in runs if "events" not in r]
+            if not ok:
+                out.append(f"| {name} | failed: {'; '.join(map(str, failed))} | | | | | | | | |")
                 continue
-            seen = f"{r['events']:,}" + (" (timed out)" if r["timed_out"] else "")
-            out.append(f"| {name} | {seen} | {r['cpu']:.2f} | {fmt(r['cpu_per_10k'], '.2f')} | "
-                       f"{r['lat_p50'] * 1e3:.1f} | {r['lat_p99'] * 1e3:.1f} | {r['lat_max'] * 1e3:.1f} | "
-                       f"{fmt(r['writer'].get('rate'), '.0f')} | {r['server_cpu']:.2f} |")
+            med = {k: median([r[k] for r in ok if r[k] is not None]) for k in
+                   ("events", "cpu", "cpu_per_10k", "lat_p50", "lat_p99", "lat_max", "server_cpu")}
+            med["rate"] = median([r["writer"]["rate"] for r in ok if "rate" in r["writer"]])
+            upd[name] = med
+            seen = f"{med['events']:,.0f}" + (" (a run timed out)" if any(r["timed_out"] for r in ok) else "")
+            each = ", ".join(fmt(r["cpu_per_10k"], ".2f") for r in ok) + (f"; {len(failed)} failed" if failed else "")
+            ms = lambda v: fmt(v and v * 1e3, ".1f")  # noqa: E731
+            out.append(f"| {name} | {seen} | {fmt(med['cpu'], '.2f')} | {fmt(med['cpu_per_10k'], '.2f')} | "
+                       f"{ms(med['lat_p50'])} | {ms(med['lat_p99'])} | {ms(med['lat_max'])} | "
+                       f"{fmt(med['rate'], '.0f')} | {fmt(med['server_cpu'], '.2f')} | {each} |")
 
     # Targets, all stated for "ours" against the others.
     out.append("\n#### Targets\n")
@@ -341,6 +393,10 @@ def summarize(results: dict[str, Any], contenders: list[str]) -> str:
                            "{ratio:.1f}x faster")
         ratio_line(f"{n:,}: RSS/object <= 1.5x client-go", ours.get("rss_per_obj"), ref.get("rss_per_obj"), 1.5,
                    True, "{ratio:.2f}x client-go")
+        # Not a target: the same comparison against client-go caching what ours caches (no managedFields).
+        nomf = sync_med.get((n, "client-go-nomf"), {})
+        ratio_line(f"{n:,}: (info) RSS/object <= 1.5x client-go-nomf", ours.get("rss_per_obj"),
+                   nomf.get("rss_per_obj"), 1.5, True, "{ratio:.2f}x client-go-nomf")
     if upd:
         mine = upd.get("ours", {}).get("cpu_per_10k")
         ratio_line("updates: CPU/event <= 2x client-go", mine, upd.get(REFERENCE, {}).get("cpu_per_10k"), 2.0, True,
@@ -355,11 +411,13 @@ def summarize(results: dict[str, Any], contenders: list[str]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10000,50000")
-    p.add_argument("--reps", type=int, default=2, help="sync runs per contender for the first size")
-    p.add_argument("--reps-large", type=int, default=1, help="sync runs per contender for the other sizes")
+    p.add_argument("--reps", type=int, default=3, help="sync runs per contender for the first size")
+    p.add_argument("--reps-large", type=int, default=2, help="sync runs per contender for the other sizes")
     p.add_argument("--large-contenders", default="", help="contenders for sizes after the first (default: all)")
     p.add_argument("--updates", type=int, default=20000)
-    p.add_argument("--rate", type=float, default=400.0, help="patches per second in all, 0 = unthrottled")
+    p.add_argument("--update-reps", type=int, default=2, help="updates runs per contender")
+    # ~380/s is all this apiserver sustains on 2 cores; 350/s leaves every contender the same offered load.
+    p.add_argument("--rate", type=float, default=350.0, help="patches per second in all, 0 = unthrottled")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--cap", type=float, default=600.0, help="seconds before a contender's phase is given up")
     p.add_argument("--out", default=str(BENCH / "out"))
@@ -375,6 +433,9 @@ def main() -> None:
     logs = out / f"logs-{stamp}"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    snapshot = snapshot_informers(out / f"snapshot-{stamp}")
+    log(f"measuring informers/ as of {snapshot['commit']} (digest {snapshot['digest']}"
+        f"{', with uncommitted changes' if snapshot['uncommitted_changes'] else ''}), copied to {snapshot['path']}")
 
     if any(c.startswith("client-go") for c in contenders):
         log("building the client-go runner")
@@ -385,14 +446,14 @@ def main() -> None:
         "args": vars(args), "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "load_at_start": os.getloadavg()},
-        "create": {}, "sync": [], "updates": [],
+        "create": {}, "sync": [], "updates": [], "informers": snapshot,
     }
     try:
         for n in sizes:
             ns = f"bench-{n}"
             results["create"][n] = asyncio.run(create_objects(str(cp.kubeconfig), ns, n))
             reps = args.reps if n == sizes[0] else args.reps_large
-            who = contenders if n == sizes[0] else [c for c in contenders if c in large]
+            who = [c for c in (contenders if n == sizes[0] else large) if c not in UPDATES_ONLY]
             for rep in range(reps):
                 # Rotate the order each repetition so no contender always runs right after another one.
                 order = who[rep % len(who):] + who[:rep % len(who)]
@@ -406,17 +467,24 @@ def main() -> None:
                         log(f"sync {n:>6} {name:15} FAILED/CAPPED: {r.get('error') or r.get('synced')}")
         if args.updates:
             n = sizes[0]
-            for name in contenders:
-                r = run_updates(cp, name, f"bench-{n}", n, args.updates, args.rate, args.cap, logs)
-                results["updates"].append(r)
-                if "events" in r:
-                    log(f"updates {name:15} {r['events']} events  cpu {r['cpu']:.2f}s  "
-                        f"({fmt(r['cpu_per_10k'], '.2f')} s/10k)  p50 {r['lat_p50'] * 1e3:.1f} ms  "
-                        f"p99 {r['lat_p99'] * 1e3:.1f} ms  writer {r['writer'].get('rate', 0):.0f}/s")
-                else:
-                    log(f"updates {name:15} FAILED: {r.get('error')}")
+            who = [c for c in contenders if c not in SYNC_ONLY]
+            for rep in range(args.update_reps):
+                order = who[rep % len(who):] + who[:rep % len(who)]
+                for name in order:
+                    r = run_updates(cp, name, f"bench-{n}", n, args.updates, args.rate, args.cap, logs)
+                    results["updates"].append(r)
+                    if "events" in r:
+                        log(f"updates {name:15} {r['events']} events  cpu {r['cpu']:.2f}s  "
+                            f"({fmt(r['cpu_per_10k'], '.2f')} s/10k)  p50 {r['lat_p50'] * 1e3:.1f} ms  "
+                            f"p99 {r['lat_p99'] * 1e3:.1f} ms  writer {r['writer'].get('rate', 0):.0f}/s")
+                    else:
+                        log(f"updates {name:15} FAILED: {r.get('error')}")
     finally:
         results["total_seconds"] = time.monotonic() - started
+        live = _tree_digest(REPO / "informers")
+        if live != snapshot["digest"]:
+            results["informers"]["changed_during_run"] = f"live tree now {_git('rev-parse', '--short', 'HEAD')}"
+            log("note: informers/ changed in the work tree during the run; the snapshot was measured")
         results["machine"]["load_at_end"] = os.getloadavg()
         (out / f"informer-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
         cp.stop()

@@ -1,6 +1,9 @@
 """Contender (a): our informers package, default factory settings, a no-op FuncHandler.
 
-Usage: runner_ours.py --kubeconfig K --namespace NS --expect N [--mode updates --updates U]
+Usage: runner_ours.py --kubeconfig K --namespace NS --expect N [--mode updates --updates U] [--list-watch]
+
+``--list-watch`` forces paged LIST + WATCH instead of the default (watch-list streaming when the server
+supports it, which this apiserver does), to show what the sync path choice costs.
 (normally started by informer_bench.py; see _runner_common.py for the output protocol).
 """
 
@@ -14,13 +17,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import _runner_common as rc  # noqa: E402
 
-from informers import ApiClient, DynamicSharedInformerFactory, FuncHandler, GVR  # noqa: E402
+import informers  # noqa: E402
+from informers import ApiClient, DynamicSharedInformerFactory, FuncHandler, GVR, ReflectorOptions  # noqa: E402
 
 
 async def main() -> int:
-    args = rc.parse_args(__doc__ or "")
+    args = rc.parse_args(__doc__ or "", lambda p: p.add_argument("--list-watch", action="store_true"))
     client = ApiClient.from_kubeconfig(args.kubeconfig)
-    factory = DynamicSharedInformerFactory(client, namespace=args.namespace)
+    options = ReflectorOptions(watch_list=False) if args.list_watch else None
+    factory = DynamicSharedInformerFactory(client, namespace=args.namespace, options=options)
     inf, _lister = factory.for_resource(GVR("", "v1", "configmaps"))
 
     adds = 0
@@ -44,7 +49,7 @@ async def main() -> int:
     factory.start()
     ok = await inf.wait_for_sync(args.timeout) and await reg.wait_for_sync(args.timeout)
     rc.synced(base, objects=len(inf.store), adds=adds, expect=args.expect, ok=ok,
-              watch_list=inf.reflector.use_watch_list is not False)
+              watch_list=inf.reflector.use_watch_list is not False, module=informers.__file__)
 
     if ok and args.mode == "updates":
         # The driver starts the writers only after "started": read stdin off the loop so watching goes on.

@@ -27,12 +27,6 @@ def object_key(obj: Obj) -> str:
     return f"{ns}/{meta['name']}" if ns else meta["name"]
 
 
-def split_key(key: str) -> tuple[str | None, str]:
-    """Inverse of ``object_key``: ``(namespace or None, name)``."""
-    ns, sep, name = key.partition("/")
-    return (ns, name) if sep else (None, key)
-
-
 def namespace_index(obj: Obj) -> builtins.list[str]:
     """The default index: an object's namespace ("" for cluster-scoped)."""
     return [obj["metadata"].get("namespace") or ""]
@@ -97,12 +91,6 @@ class Store:
             raise KeyError(f"no index named {name!r} (have: {', '.join(sorted(self._indices))})")
         items = self._items
         return [items[k] for k in self._indices[name].get(value, ())]
-
-    def index_keys(self, name: str, value: str) -> builtins.list[str]:
-        """Keys of the objects whose index function ``name`` yields ``value``."""
-        if name not in self._indices:
-            raise KeyError(f"no index named {name!r}")
-        return list(self._indices[name].get(value, ()))
 
     # -- objects -----------------------------------------------------------------------------------------
     def upsert(self, obj: Obj) -> Obj | None:
