@@ -68,7 +68,7 @@ class Reflector:
         self, client: ApiClient, gvr: GVR, sink: ReflectorSink, *, namespace: str | None = None,
         label_selector: str | None = None, field_selector: str | None = None,
         options: ReflectorOptions | None = None, metrics: InformerMetrics | None = None,
-        on_error: Callable[[Exception], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None, transform: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.client = client
         self.gvr = gvr
@@ -81,6 +81,9 @@ class Reflector:
         self.last_error: Exception | None = None
         self.use_watch_list = self.options.watch_list
         self._on_error = on_error
+        # Applied as each object is decoded, so that what it drops (managedFields) never piles up in a big
+        # list or the watch-list's pending set: freed later, that memory would stay with the process.
+        self._transform = transform
         self._rv_unavailable = False
         self._need_list = True
         self._backoff = self.options.backoff()
@@ -202,11 +205,12 @@ class Reflector:
             api_version, kind = page.get("apiVersion", ""), page.get("kind", "")
             if kind.endswith("List"):
                 kind = kind[:-4]
+            transform = self._transform
             for item in page.get("items") or ():
                 # LIST items lack apiVersion/kind; set them so cached objects look like watched ones.
                 item.setdefault("apiVersion", api_version)
                 item.setdefault("kind", kind)
-                items.append(item)
+                items.append(item if transform is None else transform(item))
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -246,6 +250,7 @@ class Reflector:
         count = 0
         pending: dict[str, Obj] | None = {} if initial else None
         sink_apply = self.sink.apply
+        transform = self._transform
         counts = self.event_counts
         async with self.client.stream(self.path, params, self.options.inactivity_timeout) as events:
             async for ev in events:
@@ -266,6 +271,8 @@ class Reflector:
                     raise ApiError.from_status(obj)
                 count += 1
                 counts[typ] += 1
+                if transform is not None:
+                    obj = transform(obj)
                 if pending is not None:
                     if typ == "DELETED":
                         pending.pop(object_key(obj), None)

@@ -190,7 +190,7 @@ class SharedIndexInformer:
         self._error_listeners: list[Callable[[Exception], None]] = []
         self.reflector = Reflector(
             client, gvr, self, namespace=namespace, label_selector=label_selector, field_selector=field_selector,
-            options=options, metrics=self._metrics, on_error=self._reflector_error,
+            options=options, metrics=self._metrics, on_error=self._reflector_error, transform=transform,
         )
         self._metrics.objects.labels(self._gvr_label).set_function(lambda: len(self.store))
 
@@ -300,9 +300,6 @@ class SharedIndexInformer:
     # -- reflector sink ----------------------------------------------------------------------------------
     def replace(self, objs: list[Obj], resource_version: str) -> None:
         """Atomically replace the cache with a full list and notify handlers of the differences."""
-        transform = self.transform
-        if transform is not None:
-            objs = [transform(o) for o in objs]
         upserts, deletes = self.store.replace(objs)
         initial = not self._synced.is_set()
         regs = self._registrations
@@ -328,10 +325,8 @@ class SharedIndexInformer:
         """Apply one watch event to the cache and queue it for every handler."""
         if event_type == "DELETED":
             self.store.delete(object_key(obj))
-            item: tuple[int, Any, Any] = (_DELETE, obj if self.transform is None else self.transform(obj), None)
+            item: tuple[int, Any, Any] = (_DELETE, obj, None)
         else:
-            if self.transform is not None:
-                obj = self.transform(obj)
             old = self.store.upsert(obj)
             item = (_ADD, obj, False) if old is None else (_UPDATE, old, obj)
         for reg in self._registrations:
