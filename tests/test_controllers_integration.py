@@ -56,7 +56,7 @@ async def test_controller_follows_its_crd_and_two_gvr_controller_waits_for_both(
         started_after = mgr.status()["single"].running_since - established
         await new_object(api, w1, "late")
         await eventually(lambda: {r.name for r in single.seen} >= {"early", "late"}, 10, "both reconciled")
-        assert started_after < 1.0, started_after  # a functional bound; latency is measured in bench/
+        assert started_after < 3.0, started_after  # a loose sanity bound; the latency itself is measured in bench/
         assert mgr.status()["pair"].state == "waiting" and mgr.status()["pair"].missing == [str(w2)]
         # the second GVR arrives: the pair controller starts
         await create_crd(api, g2)
