@@ -88,13 +88,18 @@ class _Listener:
 
 
 class _Trigger:
-    """Event handler on CRDs/APIServices that asks for a discovery pass when serving may have changed."""
+    """Event handler on CRDs/APIServices that asks for a discovery pass when serving may have changed.
 
-    def __init__(self, fire: Any, changed: Any) -> None:
-        self.fire, self.changed = fire, changed
+    ``serves(obj)`` says whether an object can make the server serve something now: a new CRD is not served
+    before it is Established, and the local APIService created for a new CRD group changes nothing the CRD's
+    own events do not already announce. A pass for those would find nothing and delay the useful one.
+    """
+
+    def __init__(self, fire: Any, changed: Any, serves: Any) -> None:
+        self.fire, self.changed, self.serves = fire, changed, serves
 
     def on_add(self, obj: Obj, is_in_initial_list: bool) -> None:
-        if not is_in_initial_list:
+        if not is_in_initial_list and self.serves(obj):
             self.fire()
 
     def on_update(self, old: Obj, new: Obj) -> None:
@@ -102,7 +107,8 @@ class _Trigger:
             self.fire()
 
     def on_delete(self, obj: Any) -> None:
-        self.fire()
+        if self.serves(getattr(obj, "obj", obj)) or _is_crd(getattr(obj, "obj", obj)):
+            self.fire()
 
 
 class DiscoveringDynamicSharedInformerFactory:
@@ -118,7 +124,7 @@ class DiscoveringDynamicSharedInformerFactory:
         label_selector: str | None = None, indexers: Mapping[str, IndexFunc] | None = None,
         transform: Transform | None = drop_managed_fields, options: ReflectorOptions | None = None,
         rediscovery_interval: float = 60.0, check_permissions: bool = False, watch_triggers: bool = True,
-        min_pass_interval: float = 0.2, metrics_registry: CollectorRegistry | None = None,
+        min_pass_interval: float = 0.1, metrics_registry: CollectorRegistry | None = None,
     ) -> None:
         self.client = client
         self.filter = filter or ResourceFilter()
@@ -263,12 +269,12 @@ class DiscoveringDynamicSharedInformerFactory:
 
     # -- triggers ----------------------------------------------------------------------------------------
     async def _start_triggers(self) -> None:
-        await asyncio.gather(self._start_trigger(CRDS, _crd_changed),
-                             self._start_trigger(APISERVICES, _apiservice_changed))
+        await asyncio.gather(self._start_trigger(CRDS, _crd_changed, _established),
+                             self._start_trigger(APISERVICES, _apiservice_changed, _aggregated))
 
-    async def _start_trigger(self, gvr: GVR, changed: Any) -> None:
+    async def _start_trigger(self, gvr: GVR, changed: Any, serves: Any) -> None:
         inf, _ = self._meta.for_resource(gvr)
-        inf.add_event_handler(_Trigger(self.trigger, changed), name=f"rediscovery trigger {gvr.resource}")
+        inf.add_event_handler(_Trigger(self.trigger, changed, serves), name=f"rediscovery trigger {gvr.resource}")
         denied = asyncio.Event()
         inf.add_error_listener(lambda e: denied.set() if isinstance(e, ApiError) and e.status in (401, 403, 404)
                                else None)
@@ -447,6 +453,16 @@ def _available(svc: Obj) -> bool:
                for c in (svc.get("status") or {}).get("conditions") or ())
 
 
+def _is_crd(obj: Obj) -> bool:
+    return obj.get("kind") == "CustomResourceDefinition"
+
+
+def _aggregated(svc: Obj) -> bool:
+    return bool((svc.get("spec") or {}).get("service"))
+
+
 def _apiservice_changed(old: Obj, new: Obj) -> bool:
+    if not (_aggregated(old) or _aggregated(new)):
+        return False  # a local group's APIService follows its CRDs, whose events already trigger passes
     return _available(old) != _available(new) or old.get("spec") != new.get("spec")
 
