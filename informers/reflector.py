@@ -141,7 +141,7 @@ class Reflector:
                     delay = min(delay, self._init_backoff.next())
             else:
                 self._require_relist(f"http_{e.status}")
-            level = "WARNING" if e.status in (401, 403, 404) else "INFO"
+            level = "WARNING" if e.status in (401, 403, 404) else "DEBUG" if "initializing" in e.message else "INFO"
             self._log.log(level, "{} {} failed ({}); retrying in {:.1f}s", "list" if self._need_list else "watch",
                           self.gvr, e, delay)
         elif isinstance(e, (aiohttp.ClientError, OSError, TimeoutError)):
