@@ -13,6 +13,7 @@ RSS is VmRSS from /proc (what the Go runner reads too); CPU is getrusage(RUSAGE_
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import resource
@@ -101,6 +102,18 @@ def done(cpu0: float, t0: float, latencies: list[float], timed_out: bool) -> Non
     emit("done", timed_out=timed_out, events=len(latencies), cpu=cpu, elapsed=time.monotonic() - t0,
          lat_p50=percentile(lat, 0.50), lat_p99=percentile(lat, 0.99), lat_max=percentile(lat, 1.0),
          rss=rss_bytes())
+
+
+async def measure_updates(all_updates: asyncio.Event, latencies: list[float], timeout: float) -> None:
+    """--mode updates: wait for "go" (off the loop, so watching goes on), then for every update; report."""
+    cpu0 = await asyncio.to_thread(wait_for_go)
+    t0 = time.monotonic()
+    try:
+        await asyncio.wait_for(all_updates.wait(), timeout)
+        timed_out = False
+    except TimeoutError:
+        timed_out = True
+    done(cpu0, t0, latencies, timed_out)
 
 
 def latency_of(data: dict[str, str] | None) -> float | None:

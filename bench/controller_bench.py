@@ -61,18 +61,7 @@ class Recorder:
         return ManagedController(required_gvrs=[gvr], create=create)
 
     async def wait(self, gvr: GVR, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            self.changed.clear()
-            if gvr in self.reconciled:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self.changed.wait(), min(left, 0.5))
-            except TimeoutError:
-                pass
+        return await dc.wait_until(self.changed, lambda: gvr in self.reconciled, timeout)
 
 
 async def variant(args: argparse.Namespace, driver: ApiClient, stamper: dc.Stamper, rec: Recorder,

@@ -250,6 +250,22 @@ class Stamper(Lines):
                                timeout)
 
 
+async def wait_until(changed: asyncio.Event, pred: Callable[[], bool], timeout: float) -> bool:
+    """Wait until ``pred()`` holds, re-checking whenever ``changed`` is set (and at least every 0.5 s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        changed.clear()
+        if pred():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(changed.wait(), min(left, 0.5))
+        except TimeoutError:
+            pass
+
+
 def write_json(path: str | None, data: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(data, indent=2, default=str))

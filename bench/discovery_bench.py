@@ -97,18 +97,7 @@ class Ours:
         inf.add_event_handler(FuncHandler(on_add=on_add, name="bench-object"))
 
     async def wait(self, pred: Any, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            self._changed.clear()
-            if pred():
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
-            except TimeoutError:
-                pass
+        return await dc.wait_until(self._changed, pred, timeout)
 
     async def stop(self) -> None:
         self._task.cancel()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -52,14 +51,7 @@ async def main() -> int:
     task = asyncio.create_task(watch())
     await opened.wait()
     rc.synced(base, objects=0, adds=0, expect=args.expect, ok=True)
-    cpu0 = await asyncio.to_thread(rc.wait_for_go)
-    t0 = time.monotonic()
-    try:
-        await asyncio.wait_for(all_updates.wait(), args.timeout)
-        timed_out = False
-    except TimeoutError:
-        timed_out = True
-    rc.done(cpu0, t0, latencies, timed_out)
+    await rc.measure_updates(all_updates, latencies, args.timeout)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await client.close()

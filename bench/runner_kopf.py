@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -61,14 +60,7 @@ async def main() -> int:
     rc.synced(base, objects=len(seen), adds=len(seen), expect=args.expect, ok=ok)
 
     if ok and args.mode == "updates":
-        cpu0 = await asyncio.to_thread(rc.wait_for_go)
-        t0 = time.monotonic()
-        try:
-            await asyncio.wait_for(all_updates.wait(), args.timeout)
-            timed_out = False
-        except TimeoutError:
-            timed_out = True
-        rc.done(cpu0, t0, latencies, timed_out)
+        await rc.measure_updates(all_updates, latencies, args.timeout)
 
     if operator.done():
         rc.emit("note", note=f"kopf operator exited early: {operator.exception()!r}")

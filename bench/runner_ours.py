@@ -53,14 +53,7 @@ async def main() -> int:
 
     if ok and args.mode == "updates":
         # The driver starts the writers only after "started": read stdin off the loop so watching goes on.
-        cpu0 = await asyncio.to_thread(rc.wait_for_go)
-        t0 = time.monotonic()
-        try:
-            await asyncio.wait_for(all_updates.wait(), args.timeout)
-            timed_out = False
-        except TimeoutError:
-            timed_out = True
-        rc.done(cpu0, t0, latencies, timed_out)
+        await rc.measure_updates(all_updates, latencies, args.timeout)
 
     # A clean shutdown is part of what we ship, so it runs (and is timed) rather than os._exit.
     last_error = repr(inf.last_error) if inf.last_error else None
