@@ -9,6 +9,7 @@ request (SIGTERM/SIGINT) stops controllers, releases the lease and shuts informe
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 from typing import Any
 
 import tenacity
@@ -25,6 +26,17 @@ from .settings import Settings
 _LEADER = Gauge("syncer_is_leader", "1 while this replica holds the lease (or election is off).")
 _LEADERSHIPS = Counter("syncer_leadership_acquired_total", "Times this replica became leader.")
 _CONNECT_ERRORS = (OSError, TimeoutError, ApiError)
+# asyncio gives every TLS connection a 256 KiB read buffer, and every watch is one connection: with hundreds of
+# informers that buffer is most of their memory (335 KiB per idle informer measured, 91 KiB with 16 KiB buffers;
+# bench/RESULTS-discovery.md). 16 KiB is the largest TLS record, so reads lose nothing that matters. The setting
+# is process-wide, which only the process owner may decide: the sidecar does, the informers library does not.
+TLS_READ_BUFFER = 16 * 1024
+
+
+def small_tls_read_buffers() -> None:
+    """Shrink asyncio's per-connection TLS read buffer for this process (see TLS_READ_BUFFER)."""
+    if asyncio.sslproto.SSLProtocol.max_size > TLS_READ_BUFFER:
+        asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
 
 
 class StartupError(Exception):
@@ -78,6 +90,7 @@ class Syncer:
     # -- run ---------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then shut down within ``shutdown_timeout``."""
+        small_tls_read_buffers()
         try:
             await self.http.start()
         except OSError as e:
