@@ -309,6 +309,7 @@ class DiscoveringDynamicSharedInformerFactory:
         self.passes += 1
         self.last_pass = result
         crds = self._crd_identities()
+        aggregated = self._aggregated_group_versions()
         status: dict[GVR, GVRStatus] = {}
         desired: dict[GVR, str] = {}
         candidates: list[ResourceInfo] = []
@@ -316,7 +317,8 @@ class DiscoveringDynamicSharedInformerFactory:
             identity = crds.get((gvr.group, gvr.resource)) if crds is not None else None
             st = status[gvr] = GVRStatus(gvr, "discovered", kind=info.kind, namespaced=info.namespaced,
                                          verbs=tuple(sorted(info.verbs)),
-                                         source="crd" if identity else self._source(gvr))
+                                         source="crd" if identity else
+                                         "aggregated" if gvr.group_version in aggregated else "builtin")
             if crds is not None and identity is None and (gvr.group, gvr.resource) in self._crd_backed:
                 # Discovery can lag behind a CRD deletion; the CRD cache is the authority.
                 st.state, st.reason = "excluded", "its CRD was deleted"
@@ -345,13 +347,13 @@ class DiscoveringDynamicSharedInformerFactory:
         if changed:
             self._notifier.notify_all()
 
-    def _source(self, gvr: GVR) -> str:
+    def _aggregated_group_versions(self) -> set[str]:
+        """Group-versions served through an APIService with a backing service (one look per pass)."""
         inf = self._meta.informers().get(APISERVICES)
-        if inf is not None:
-            svc = inf.store.get(f"{gvr.version}.{gvr.group}" if gvr.group else gvr.version)
-            if svc is not None and (svc.get("spec") or {}).get("service"):
-                return "aggregated"
-        return "builtin"
+        if inf is None:
+            return set()
+        return {f"{svc['spec'].get('group') or ''}/{svc['spec'].get('version', '')}".lstrip("/")
+                for svc in inf.store if _aggregated(svc)}
 
     def _retry_missing_crds(self, crds: dict[tuple[str, str], tuple[str, bool, set[str]]],
                             result: DiscoveryResult) -> None:

@@ -78,7 +78,6 @@ class HandlerRegistration:
         self._queue: deque[tuple[int, Any, Any]] = deque()
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
-        self._removed = False
         self._add = _bind(handler, "on_add")
         self._update = _bind(handler, "on_update")
         self._delete = _bind(handler, "on_delete")
@@ -110,7 +109,6 @@ class HandlerRegistration:
                                                    name=f"resync {self.name} {self.informer.gvr}"))
 
     async def _stop(self) -> None:
-        self._removed = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
