@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 
 import kubernetes
 import pytest
@@ -108,23 +112,86 @@ def _wait_dead(pids: list[int], timeout: float = 15) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-def test_processes_die_with_a_killed_parent(tmp_path) -> None:
+def test_processes_die_with_a_killed_parent_whose_directory_the_next_control_plane_removes() -> None:
     script = (
         "import sys\n"
         "from syncer.testing import ControlPlane\n"
         "cp = ControlPlane().start()\n"
-        "print(*cp.pids, flush=True)\n"
+        "print(cp.dir, *cp.pids, flush=True)\n"
         "sys.stdin.read()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
     try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
+        directory, *pids = proc.stdout.readline().split()
+        pids = [int(p) for p in pids]
         assert len(pids) == 2 and all(_alive(p) for p in pids)
         proc.kill()
         proc.wait()
         assert _wait_dead(pids) == []
+        assert os.path.isdir(directory)  # the killed parent's atexit hook never ran
+        ControlPlane().stop()
+        assert not os.path.exists(directory)
     finally:
         proc.kill()
+
+
+def _readyz(cp: ControlPlane) -> bool:
+    req = urllib.request.Request(f"{cp.url}/readyz", headers={"Authorization": f"Bearer {cp.admin_token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=5, context=ssl.create_default_context(cafile=str(cp.ca_file))) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_an_apiserver_restarted_from_a_short_lived_thread_outlives_it(control_plane_factory) -> None:
+    cp = control_plane_factory()
+    thread = threading.Thread(target=cp.restart_apiserver)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    # The kernel sends PR_SET_PDEATHSIG when the OS thread is gone, a little after join() returns.
+    task = f"/proc/self/task/{thread.native_id}"
+    deadline = time.monotonic() + 10
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(task)
+    # Nothing to wait for when it works: watch it stay up for a while after its death signal would have come.
+    until = time.monotonic() + 3
+    while time.monotonic() < until:
+        assert len(cp.pids) == 2 and _readyz(cp), cp.log_tail()
+        time.sleep(0.2)
+
+
+def _open_watches(cp: ControlPlane, n: int) -> list[http.client.HTTPResponse]:
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    req = urllib.request.Request(f"{cp.url}/api/v1/configmaps?watch=1&timeoutSeconds=600",
+                                 headers={"Authorization": f"Bearer {cp.admin_token}"})
+    return [urllib.request.urlopen(req, timeout=30, context=ctx) for _ in range(n)]
+
+
+def _ending(watch: http.client.HTTPResponse) -> str:
+    """How a watch stream ended once the apiserver is gone: closed by the server, or cut off."""
+    try:
+        watch.read()
+        return "closed"
+    except (http.client.IncompleteRead, OSError):
+        return "cut"
+    finally:
+        watch.close()
+
+
+def test_stop_ends_open_watches_at_once_unless_graceful(control_plane_factory) -> None:
+    cp = control_plane_factory()
+    watches = _open_watches(cp, 3)
+    assert cp.stop_apiserver() == 0  # it exited by itself, not SIGKILLed after 10 s
+    assert [_ending(w) for w in watches] == ["closed"] * 3
+
+    cp.graceful_shutdown = True
+    cp.start_apiserver()
+    watches = _open_watches(cp, 3)
+    assert cp.stop_apiserver(timeout=3) == -signal.SIGKILL  # the open watches held its shutdown
+    assert [_ending(w) for w in watches] == ["cut"] * 3
 
 
 def test_main_job_command_runs_until_ctrl_c_and_cleans_up() -> None:

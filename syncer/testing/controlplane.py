@@ -1,8 +1,21 @@
 """A real etcd + kube-apiserver on loopback, for tests, examples and local runs.
 
-Processes run in their own process group, die with the Python process that started them (``PR_SET_PDEATHSIG``
-plus an ``atexit`` hook), and every instance has its own temporary directory and free ports, so several
-control planes can run side by side.
+Every instance has its own temporary directory (``<name>-cp-*``: PKI, tokens, kubeconfig, etcd data, logs) and
+free ports, so several control planes can run side by side. The processes run in their own process group and
+die with the Python process that started them, even if it is SIGKILLed:
+
+- they are spawned with ``PR_SET_PDEATHSIG`` (SIGKILL) by one daemon thread of this module that lives as long
+  as the process. The kernel sends that signal when the *thread* that forked the child exits, so spawning
+  from the caller's thread would kill the apiserver as soon as a short-lived thread (``threading.Thread``,
+  ``asyncio.to_thread``) that called ``restart_apiserver()`` ends.
+- an ``atexit`` hook stops the control planes and removes their directories on a normal exit.
+- a process killed before its ``atexit`` hook ran leaves its directory behind; each directory records its
+  owner (PID, start time, PID namespace), and the next ``ControlPlane`` created by the same user removes the
+  directories whose owner is gone.
+
+By default the apiserver ends open watches as soon as it is told to stop
+(``--shutdown-watch-termination-grace-period``), so it exits in about a second instead of waiting for them
+until it is SIGKILLed; ``graceful_shutdown=True`` keeps kube-apiserver's default shutdown sequence.
 """
 
 from __future__ import annotations
@@ -14,19 +27,24 @@ import datetime
 import ipaddress
 import json
 import os
+import queue
 import secrets
 import shutil
 import signal
 import socket
 import ssl
+import stat
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, BinaryIO, Callable, Sequence
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -38,6 +56,12 @@ from .assets import Assets, ensure_assets
 ADMIN_USER = "kube-syncer-admin"
 RESTRICTED_USER = "kube-syncer-restricted"
 _LOG_TAIL_LINES = 40
+# The apiserver ends open watches as soon as it is told to stop, instead of waiting up to --request-timeout for
+# their clients. It ends them at 200 or more per second; the 2 s bound only matters with hundreds of watches.
+_FAST_SHUTDOWN_FLAGS = ["--shutdown-watch-termination-grace-period=2s"]
+_SPAWN_TIMEOUT = 30.0
+_KILL_TIMEOUT = 10.0
+_OWNER_FILE = "owner.json"
 
 
 _spawned_pids: list[int] = []
@@ -70,10 +94,109 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: the kernel SIGKILLs it if the parent dies, even by SIGKILL.
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.setpgrp()
+def _die_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when the thread that forked it exits."""
+
+    def preexec() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        # The parent may have died between fork and prctl, in which case the signal would never come.
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+_Proc = subprocess.Popen[bytes]
+
+
+class _Spawner:
+    """Runs every ``Popen`` of this module on one daemon thread that lives as long as the process.
+
+    ``PR_SET_PDEATHSIG`` is tied to the thread that forks, not to the process: a child forked by a thread that
+    then exits is SIGKILLed right away. A daemon thread is never joined, so it exits only with the process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], _Proc], Future[_Proc]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def popen(self, argv: list[str], log: BinaryIO, cwd: Path) -> _Proc:
+        """Start ``argv`` (output to the open file ``log``) from the helper thread; wait at most 30 s for it."""
+        future: Future[_Proc] = Future()
+
+        def call() -> _Proc:
+            return subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with(os.getpid()), process_group=0, cwd=cwd,
+            )
+
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kube-syncer-spawner", daemon=True)
+                self._thread.start()
+        self._jobs.put((call, future))
+        try:
+            return future.result(timeout=_SPAWN_TIMEOUT)
+        except FutureTimeout:
+            raise ControlPlaneError(f"starting {argv[0]} took more than {_SPAWN_TIMEOUT:.0f}s") from None
+
+    def _run(self) -> None:
+        while True:
+            call, future = self._jobs.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as e:
+                    future.set_exception(e)
+
+
+_spawner = _Spawner()
+
+
+def _new_spawner_after_fork() -> None:
+    # A forked child has no helper thread (only the forking thread survives a fork) and must not share the queue.
+    global _spawner
+    _spawner = _Spawner()
+
+
+os.register_at_fork(after_in_child=_new_spawner_after_fork)
+
+
+def _identity(pid: int) -> dict[str, Any] | None:
+    """What tells process ``pid`` apart from a later one that reuses its PID; None if it is gone (or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+    if fields[0] == "Z":
+        return None
+    # fields[19] is starttime (field 22 of proc_pid_stat(5)), in clock ticks since boot.
+    return {"pid": pid, "start_time": fields[19], "pid_namespace": namespace}
+
+
+def _remove_orphaned_dirs() -> None:
+    """Remove control-plane directories of this user whose owner process is gone.
+
+    A directory without a readable owner record is left alone (another user, an older version, or an owner
+    that has just created it); so is one owned from another PID namespace, where the PID cannot be checked.
+    """
+    me = _identity(os.getpid())
+    if me is None:
+        return
+    for directory in Path(tempfile.gettempdir()).glob("*-cp-*"):
+        try:
+            info = directory.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            owner = json.loads((directory / _OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(owner, dict) or owner.get("pid_namespace") != me["pid_namespace"]:
+            continue
+        if not isinstance(owner.get("pid"), int) or _identity(owner["pid"]) != owner:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _pem_cert(cert: x509.Certificate) -> bytes:
@@ -137,6 +260,12 @@ class ControlPlane:
 
     ``start()`` blocks until etcd is healthy, the apiserver ready and the ``default`` namespace exists.
     ``kubeconfig`` holds two contexts, ``admin`` (current) and ``restricted`` (no RBAC grants).
+
+    ``graceful_shutdown`` (read at every apiserver start, so it can be changed between restarts): False makes
+    the apiserver end open watches as soon as it is told to stop, so it exits in about a second;
+    True keeps kube-apiserver's default sequence, where open watches are left to their clients and hold the
+    shutdown up to its ``--request-timeout`` (60 s): stop it with a ``timeout`` above that to see it exit by
+    itself rather than be SIGKILLed. ``extra_apiserver_flags`` come last and override either.
     """
 
     _live: "weakref.WeakSet[ControlPlane]" = weakref.WeakSet()
@@ -147,12 +276,17 @@ class ControlPlane:
         assets: Assets | None = None,
         start_timeout: float = 60.0,
         name: str = "kube-syncer",
+        graceful_shutdown: bool = False,
     ) -> None:
         self.assets = assets or ensure_assets()
         self.extra_apiserver_flags = list(extra_apiserver_flags)
         self.start_timeout = start_timeout
         self.name = name
+        self.graceful_shutdown = graceful_shutdown
+        _remove_orphaned_dirs()
         self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-cp-"))
+        # Written first, so the directory is never without an owner record for longer than needed.
+        (self.dir / _OWNER_FILE).write_text(json.dumps(_identity(os.getpid())))
         self.etcd_port = _free_port()
         self.etcd_peer_port = _free_port()
         self.port = _free_port()
@@ -219,10 +353,7 @@ class ControlPlane:
     def _spawn(self, argv: list[str], log_name: str) -> subprocess.Popen[bytes]:
         log = open(self.dir / log_name, "ab")
         try:
-            proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent, cwd=self.dir,
-            )
+            proc = _spawner.popen(argv, log, self.dir)
         finally:
             log.close()
         _spawned_pids.append(proc.pid)
@@ -269,6 +400,7 @@ class ControlPlane:
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
             "--v=0",
+            *([] if self.graceful_shutdown else _FAST_SHUTDOWN_FLAGS),
             *self.extra_apiserver_flags,
         ]
 
@@ -281,16 +413,22 @@ class ControlPlane:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop both processes (SIGTERM, then SIGKILL after ``timeout``) and delete the data directory."""
-        self.stop_apiserver(timeout)
-        self._terminate(self._etcd, timeout)
-        self._etcd = None
-        ControlPlane._live.discard(self)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            self.stop_apiserver(timeout)
+            self._terminate(self._etcd, timeout)
+        finally:
+            self._etcd = None
+            ControlPlane._live.discard(self)
+            shutil.rmtree(self.dir, ignore_errors=True)
 
-    def stop_apiserver(self, timeout: float = 10.0) -> None:
-        """Stop only the apiserver; etcd and its data stay."""
-        self._terminate(self._apiserver, timeout)
+    def stop_apiserver(self, timeout: float = 10.0) -> int | None:
+        """Stop only the apiserver (SIGTERM, then SIGKILL after ``timeout``); etcd and its data stay.
+
+        Returns its exit status (``-9`` if it had to be killed), or None if it was not running.
+        """
+        status = self._terminate(self._apiserver, timeout)
         self._apiserver = None
+        return status
 
     def start_apiserver(self) -> None:
         """Start the apiserver again on the same port, against the same etcd."""
@@ -298,21 +436,29 @@ class ControlPlane:
             raise ControlPlaneError("the apiserver is already running")
         self._start_apiserver()
 
-    def restart_apiserver(self) -> None:
-        """Restart the apiserver, keeping etcd and its data; clients reconnect to the same URL."""
-        self.stop_apiserver()
+    def restart_apiserver(self, timeout: float = 10.0) -> None:
+        """Restart the apiserver, keeping etcd and its data; clients reconnect to the same URL.
+
+        Safe from any thread: the new process outlives the calling thread. ``timeout`` is as in ``stop_apiserver``.
+        """
+        self.stop_apiserver(timeout)
         self.start_apiserver()
 
     @staticmethod
-    def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
-        if proc is None or proc.poll() is not None:
-            return
+    def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> int | None:
+        if proc is None:
+            return None
+        if proc.poll() is not None:
+            return proc.returncode
         proc.terminate()
         try:
-            proc.wait(timeout)
+            return proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+        try:
+            return proc.wait(_KILL_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise ControlPlaneError(f"pid {proc.pid} survived SIGKILL for {_KILL_TIMEOUT:.0f}s") from None
 
     def __enter__(self) -> "ControlPlane":
         return self.start()

@@ -3,8 +3,9 @@
 Enable with ``pytest_plugins = ["syncer.testing.pytest_plugin"]`` in a ``conftest.py``.
 
 - ``control_plane`` (session): one shared ControlPlane.
-- ``control_plane_factory``: ``factory(extra_apiserver_flags=...)`` starts a private ControlPlane (for restart,
-  compaction or feature-gate tests, or several clusters at once); all are stopped at the end of the test.
+- ``control_plane_factory``: ``factory(extra_apiserver_flags=..., graceful_shutdown=False)`` starts a private
+  ControlPlane (for restart, compaction or feature-gate tests, or several clusters at once); all are stopped at
+  the end of the test.
 - ``namespace``: a fresh namespace per test on the shared control plane (deleted afterwards).
 - ``admin_client`` / ``restricted_client``: official ``kubernetes`` ApiClients as the admin / restricted user.
 
@@ -44,8 +45,8 @@ def control_plane_factory() -> Iterator[Callable[..., ControlPlane]]:
     """Start private control planes; each is stopped when the test ends."""
     started: list[ControlPlane] = []
 
-    def factory(extra_apiserver_flags: Sequence[str] = ()) -> ControlPlane:
-        cp = ControlPlane(extra_apiserver_flags=extra_apiserver_flags)
+    def factory(extra_apiserver_flags: Sequence[str] = (), graceful_shutdown: bool = False) -> ControlPlane:
+        cp = ControlPlane(extra_apiserver_flags=extra_apiserver_flags, graceful_shutdown=graceful_shutdown)
         started.append(cp)
         return cp.start()
 
