@@ -44,7 +44,11 @@ def _text_format(record: Any) -> str:
 
 
 def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
-    """Configure loguru (text or JSON lines on stderr) and route standard-library logging through it."""
+    """Configure loguru (text or JSON lines on stderr) and route standard-library logging through it.
+
+    ``level`` is a loguru level name in any case (``debug``, ``INFO``).
+    """
+    level = level.upper()
     logger.remove()
     if fmt == "json":
         logger.add(_json_sink, level=level)

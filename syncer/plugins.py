@@ -6,7 +6,8 @@ installed package advertising an entry point in the ``syncer.controllers`` group
     def syncer_controllers(settings: dict) -> dict[str, ManagedController]: ...
 
 ``settings`` is the plugin's own table ``[plugin_settings.<short name>]`` (the module's last name, the file's
-stem, or the entry point's name).
+stem, or the entry point's name). Installed entry-point plugins are loaded unless the ``entry_point_plugins``
+setting says otherwise.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import importlib.metadata
 import importlib.util
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
+from loguru import logger
+
 from controllers import ManagedController
+from informers import GVR
 
 HOOK = "syncer_controllers"
 ENTRY_POINT_GROUP = "syncer.controllers"
@@ -69,12 +73,62 @@ def _controllers(origin: str, hook: Callable[..., Any], settings: dict[str, Any]
         if not isinstance(name, str) or not isinstance(value, ManagedController):
             raise PluginError(f"plugin {origin!r}: {HOOK}() entry {name!r} is {type(value).__name__}, "
                               "expected a ManagedController")
+        _check_controller(origin, name, value)
     return dict(result)
 
 
+def _check_controller(origin: str, name: str, controller: ManagedController) -> None:
+    """Reject what the manager would only trip over later: a controller waiting for something that is no GVR
+    never starts, and nothing would say why."""
+    where = f"plugin {origin!r}: controller {name!r}"
+    gvrs = controller.required_gvrs
+    if isinstance(gvrs, (str, bytes)) or not isinstance(gvrs, Iterable):
+        raise PluginError(f"{where}: required GVRs must be a list of GVR, got {gvrs!r}")
+    for entry in gvrs:
+        if not isinstance(entry, GVR):
+            fix = f"GVR.parse({entry!r})" if isinstance(entry, str) else "GVR(group, version, resource)"
+            raise PluginError(f"{where}: required GVR {entry!r} is a {type(entry).__name__}, not a GVR; "
+                              f"use {fix} (from informers import GVR)")
+    if not callable(controller.create):
+        raise PluginError(f"{where}: create is a {type(controller.create).__name__}, expected a function "
+                          "create(ctx) returning the controller's start function")
+
+
+def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, Callable[..., Any]]]:
+    """(origin, name, hook) of the installed entry-point plugins that ``allowed`` lets in (True: all)."""
+    if allowed is False:
+        return []
+    installed = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    if allowed is not True:
+        missing = sorted(set(allowed) - set(installed.names))
+        if missing:
+            raise PluginError(f"setting 'entry_point_plugins' names {', '.join(map(repr, missing))}, which no "
+                              f"installed package advertises in entry point group {ENTRY_POINT_GROUP!r} "
+                              f"(installed: {', '.join(sorted(installed.names)) or 'none'}); fix the setting")
+    hooks = []
+    for ep in installed:
+        if allowed is not True and ep.name not in allowed:
+            continue
+        origin = f"entry point {ep.name} = {ep.value}"
+        try:
+            target = ep.load()
+        except BaseException as e:
+            raise PluginError(_describe_import_error(origin, e)) from None
+        hook = getattr(target, HOOK, target)
+        if not callable(hook):
+            raise PluginError(f"plugin {origin!r} is neither a module with {HOOK}() nor a callable")
+        hooks.append((origin, ep.name, hook))
+    return hooks
+
+
 def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, Any]] | None = None,
-                 entry_points: bool = True) -> dict[str, ManagedController]:
-    """Import every plugin and collect their controllers; PluginError on the first problem."""
+                 entry_points: bool | Collection[str] = True) -> dict[str, ManagedController]:
+    """Import every plugin and collect their controllers; PluginError on the first problem.
+
+    ``entry_points``: load the installed entry-point plugins too (True), none of them (False), or only those
+    named. A ``plugin_settings`` table that matches no loaded plugin is logged as a warning: it is a typo or a
+    plugin that is not loaded.
+    """
     settings = plugin_settings or {}
     hooks: list[tuple[str, str, Callable[..., Any]]] = []  # (origin, short name, hook)
     for spec in specs:
@@ -88,17 +142,11 @@ def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, A
         if not callable(hook):
             raise PluginError(f"plugin {spec!r} has no function {HOOK}(settings) returning its controllers")
         hooks.append((spec, short, hook))
-    if entry_points:
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            origin = f"entry point {ep.name} = {ep.value}"
-            try:
-                target = ep.load()
-            except BaseException as e:
-                raise PluginError(_describe_import_error(origin, e)) from None
-            hook = getattr(target, HOOK, target)
-            if not callable(hook):
-                raise PluginError(f"plugin {origin!r} is neither a module with {HOOK}() nor a callable")
-            hooks.append((origin, ep.name, hook))
+    hooks += _entry_point_hooks(entry_points)
+    names = sorted({short for _, short, _ in hooks})
+    for table in sorted(set(settings) - set(names)):
+        logger.warning("[plugin_settings.{}] matches no loaded plugin and is ignored; loaded plugins: {}",
+                       table, ", ".join(names) or "none")
     found: dict[str, ManagedController] = {}
     owner: dict[str, str] = {}
     for origin, short, hook in hooks:

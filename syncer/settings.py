@@ -1,23 +1,34 @@
-"""Settings: a TOML file plus ``SYNCER_*`` environment variables, read by dynaconf and validated at start.
+"""Settings: a TOML file plus ``SYNCER_*`` environment variables, read by dynaconf and validated at load time.
 
-Every mistake is reported as a ``SettingsError`` that names the setting, what was wrong and how to fix it.
+Every setting is checked for type and range here, in one table, so that ``syncer check-config`` rejects exactly
+what ``syncer run`` would, before anything connects. A mistake is a ``SettingsError`` whose message names the
+setting, what a good value looks like, the bad value, and where to fix it.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from dynaconf import Dynaconf
-from dynaconf.validator import ValidationError, Validator
+
+from informers.resource_filter import Rule
 
 ENV_PREFIX = "SYNCER"
+# The CLI's default for --settings; it names the file, it is not a setting.
+SETTINGS_ENV = f"{ENV_PREFIX}_SETTINGS"
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+MAX_WORKERS = 1000
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class SettingsError(Exception):
@@ -26,7 +37,14 @@ class SettingsError(Exception):
 
 @dataclass(frozen=True)
 class LeaderElection:
-    """Lease-based leader election (controller-runtime's defaults)."""
+    """Lease-based leader election, table ``[leader_election]`` (controller-runtime's defaults).
+
+    - ``enabled``: run controllers only while holding the Lease (off: every replica runs them).
+    - ``lease_name`` (a DNS-1123 subdomain), ``lease_namespace`` (a DNS-1123 label): the Lease object.
+    - ``lease_duration``: how long a standby waits after the last renewal before taking over.
+    - ``renew_deadline``: the leader gives up if it cannot renew for this long; ``< lease_duration``.
+    - ``retry_period``: the interval of acquire and renew attempts; ``< renew_deadline``.
+    """
 
     enabled: bool = False
     lease_name: str = "kube-syncer"
@@ -38,14 +56,35 @@ class LeaderElection:
 
 @dataclass(frozen=True)
 class Settings:
-    """The validated, typed settings of a syncer process."""
+    """The validated, typed settings of a syncer process. Durations are seconds, written ``15s``, ``500ms``,
+    ``2m``, ``1h`` or as a number of seconds, and must be > 0 unless said otherwise.
+
+    - ``kubeconfig``, ``context``: credentials file (default ``$KUBECONFIG`` or ``~/.kube/config``) and context;
+      ``in_cluster``: use the pod's service account instead.
+    - ``plugins``: plugin modules (dotted paths or ``.py`` files); ``entry_point_plugins``: whether installed
+      packages' ``syncer.controllers`` entry points are loaded too: ``true`` (all), ``false`` (none) or a list
+      of entry point names; ``plugin_settings``: one table per plugin, ``[plugin_settings.<plugin name>]``.
+    - ``include``, ``exclude``: resource rules (``group/version/resource`` or ``group/resource``, globs
+      allowed) choosing the GVRs that get informers; ``preferred_version_only``: only each group's preferred
+      version; ``namespace``: watch one namespace (a DNS-1123 label; ``""`` = all namespaces).
+    - ``rediscovery_interval``: how often discovery is re-run besides CRD/APIService events; ``resync``:
+      informer resync period (``0`` = off); ``check_permissions``: skip GVRs the credentials cannot list/watch.
+    - ``workers``: reconcile workers per controller, 1 to ``MAX_WORKERS``.
+    - ``http_bind``: ``host:port`` (port 1-65535) of the probes, ``/metrics`` and ``/status``.
+    - ``log_level`` (any case of ``LOG_LEVELS``), ``log_format`` (``text`` or ``json``).
+    - ``shutdown_timeout``: the bound on a graceful stop; ``start_timeout``: the bound on starting the
+      controllers after becoming leader.
+    - ``leader_election``: see ``LeaderElection``. ``source``: the settings file read (not a setting).
+    """
 
     kubeconfig: str = ""
     context: str = ""
     in_cluster: bool = False
     plugins: tuple[str, ...] = ()
+    entry_point_plugins: bool | tuple[str, ...] = True
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    preferred_version_only: bool = False
     namespace: str = ""
     rediscovery_interval: float = 60.0
     resync: float = 0.0
@@ -81,126 +120,301 @@ def _mask(key: str, value: Any) -> Any:
     return value
 
 
-def parse_duration(value: Any, name: str) -> float:
-    """Seconds from ``15s``, ``500ms``, ``2m``, ``1h`` or a plain number; SettingsError names the setting."""
+def parse_duration(value: Any) -> float:
+    """Seconds from ``15s``, ``500ms``, ``2m``, ``1h`` or a number of seconds; ValueError if it is none of them."""
     if isinstance(value, bool):
-        raise SettingsError(f"setting {name!r}: expected a duration like '15s' or '500ms', got {value!r}")
+        raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
         m = _DURATION.match(str(value))
         if not m:
-            raise SettingsError(f"setting {name!r}: expected a duration like '15s', '500ms' or '2m', got {value!r}")
+            raise ValueError(f"not a duration: {value!r}")
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if seconds < 0:
-        raise SettingsError(f"setting {name!r}: a duration cannot be negative ({value!r})")
+    if not math.isfinite(seconds):
+        raise ValueError(f"not a finite duration: {value!r}")
     return seconds
 
 
-def _where(name: str) -> str:
-    return f"set it in the settings file or in {ENV_PREFIX}_{name.upper().replace('.', '__')}"
+# -- checks: each turns a raw value into the typed one or raises _Invalid -------------------------------------
+class _Invalid(Exception):
+    """A value a check rejects: ``expect`` describes a good value, ``detail`` (optional) this value's fault."""
+
+    def __init__(self, expect: str, detail: str = "") -> None:
+        super().__init__(expect)
+        self.expect = expect
+        self.detail = detail
 
 
-def _v(names: tuple[str, ...], expect: str, **ops: Any) -> Validator:
-    message = f"setting {{name!r}} must be {expect}, got {{value!r}}"
-    return Validator(*names, messages={"operations": message}, **ops)
+# A check gets the raw value and the settings checked so far (for limits relative to another setting).
+_Check = Callable[[Any, Mapping[str, Any]], Any]
 
 
-_VALIDATORS = [
-    _v(("kubeconfig", "context", "namespace", "http_bind", "log_level", "log_format"), "a string", is_type_of=str),
-    _v(("in_cluster", "check_permissions", "leader_election.enabled"), "true or false", is_type_of=bool),
-    _v(("workers",), "an integer", is_type_of=int),
-    _v(("workers",), "at least 1", gte=1),
-    _v(("plugins", "include", "exclude"), "a list of strings", is_type_of=(list, tuple)),
-    _v(("log_format",), "'text' or 'json'", is_in=["text", "json"]),
-    _v(("log_level",), "a log level (DEBUG, INFO, WARNING, ERROR, ...)",
-       is_in=["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"]),
-    _v(("plugin_settings",), "a table of per-plugin tables", is_type_of=dict),
-    _v(("leader_election.lease_name", "leader_election.lease_namespace"), "a string", is_type_of=str),
-]
+def _string(value: Any, done: Mapping[str, Any]) -> str:
+    if not isinstance(value, str):
+        raise _Invalid("a string")
+    return value
 
 
-def load_settings(path: str | None = None, overrides: dict[str, Any] | None = None) -> Settings:
-    """Read ``path`` (if given) and ``SYNCER_*`` variables, validate, and return typed Settings."""
-    names: dict[str, str] = {}  # setting -> where it came from, to name the culprit of an unknown one
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise SettingsError(f"settings file {path!r} does not exist")
+def _boolean(value: Any, done: Mapping[str, Any]) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid("true or false")
+    return value
+
+
+def _string_list(value: Any) -> tuple[str, ...] | None:
+    """The value as a tuple if it is a list of non-empty strings, else None."""
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in value):
+        return tuple(str(v) for v in value)
+    return None
+
+
+def _strings(what: str) -> Callable[[Any, Mapping[str, Any]], tuple[str, ...]]:
+    def check(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
+        strings = _string_list(value)
+        if strings is None:
+            raise _Invalid(f"a list of {what}")
+        return strings
+    return check
+
+
+def _resource_rules(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
+    rules = _strings("resource rules")(value, done)
+    for rule in rules:
         try:
-            doc = tomllib.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            raise SettingsError(f"settings file {path!r} is not valid TOML: {e}") from None
-        names.update((k.lower(), f"settings file {path!r}") for k in doc)
-    names.update((k[len(ENV_PREFIX) + 1:].split("__")[0].lower(), f"environment variable {k}")
-                 for k in os.environ if k.startswith(ENV_PREFIX + "_"))
-    known = {f.name for f in fields(Settings)} - {"source"}
-    for name, origin in sorted(names.items()):
-        if name not in known:
-            raise SettingsError(f"unknown setting {name!r} in {origin}: known settings are {', '.join(sorted(known))}")
-    raw = Dynaconf(envvar_prefix=ENV_PREFIX, settings_files=[path] if path else [], environments=False,
-                   merge_enabled=True)
-    for key, value in (overrides or {}).items():
-        raw.set(key, value)
+            Rule.parse(rule)
+        except ValueError as e:
+            raise _Invalid("a list of resource rules", str(e)) from None
+    return rules
+
+
+def _entry_point_plugins(value: Any, done: Mapping[str, Any]) -> bool | tuple[str, ...]:
+    names = value if isinstance(value, bool) else _string_list(value)
+    if names is None:
+        raise _Invalid("true (all installed), false (none) or a list of entry point names")
+    return names
+
+
+def _integer(low: int, high: int) -> _Check:
+    def check(value: Any, done: Mapping[str, Any]) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _Invalid(f"an integer from {low} to {high}")
+        return value
+    return check
+
+
+def _duration(*, zero_means: str = "", below: str = "") -> _Check:
+    """A duration > 0 (or >= 0 when ``zero_means`` says what 0 does), and < setting ``below`` if given."""
+    def check(value: Any, done: Mapping[str, Any]) -> float:
+        limit = done[below] if below else math.inf
+        expect = "a duration " + (f">= 0 (0 {zero_means})" if zero_means else "> 0")
+        if below:
+            expect += f" and < {below.rpartition('.')[2]} ({_seconds(limit)})"
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            raise _Invalid(f"{expect}, like '15s', '500ms' or '2m'") from None
+        if not (seconds >= 0 if zero_means else seconds > 0) or seconds >= limit:
+            raise _Invalid(expect)
+        return seconds
+    return check
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _dns_name(kind: str, empty_means: str = "") -> _Check:
+    """A DNS-1123 ``label`` or ``subdomain`` (dot-separated labels), as Kubernetes names must be."""
+    max_len = 253 if kind == "subdomain" else 63
+    expect = (f"a DNS-1123 {kind} (at most {max_len} characters: lowercase letters, digits and '-'"
+              f"{', and dots' if kind == 'subdomain' else ''}, starting and ending with a letter or digit)"
+              f"{f', or an empty string for {empty_means}' if empty_means else ''}")
+
+    def check(value: Any, done: Mapping[str, Any]) -> str:
+        if value == "" and empty_means:
+            return ""
+        if not isinstance(value, str) or len(value) > max_len or not all(
+                len(label) <= 63 and _DNS_LABEL.match(label)
+                for label in (value.split(".") if kind == "subdomain" else [value])):
+            raise _Invalid(expect)
+        return value
+    return check
+
+
+def _host_port(value: Any, done: Mapping[str, Any]) -> str:
+    host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise _Invalid("host:port with a port from 1 to 65535, like '127.0.0.1:8080' or '0.0.0.0:8080'")
+    return str(value)
+
+
+def _choice(options: tuple[str, ...]) -> _Check:
+    """One of ``options``, in any case; returned as written in ``options``."""
+    def check(value: Any, done: Mapping[str, Any]) -> str:
+        for option in options:
+            if isinstance(value, str) and value.strip().lower() == option.lower():
+                return option
+        raise _Invalid(f"one of {', '.join(options)} (any case)")
+    return check
+
+
+def _kubeconfig(value: Any, done: Mapping[str, Any]) -> str:
+    path = _string(value, done)
+    if path and not Path(path).expanduser().is_file():
+        raise _Invalid("the path of an existing kubeconfig file", "it does not exist")
+    return path
+
+
+def _plugin_tables(value: Any, done: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    expect = "a table of per-plugin tables ([plugin_settings.<plugin name>])"
+    if not isinstance(value, dict):
+        raise _Invalid(expect)
+    for name, table in value.items():
+        if not isinstance(table, dict):
+            raise _Invalid(expect, f"plugin_settings.{name} is a {type(table).__name__}, not a table")
+    # Plugin names are case-insensitive like setting names (environment variables arrive in upper case).
+    return {str(name).lower(): dict(table) for name, table in value.items()}
+
+
+# Every setting, in checking order (a limit relative to another setting comes after that setting).
+_CHECKS: dict[str, _Check] = {
+    "kubeconfig": _kubeconfig,
+    "context": _string,
+    "in_cluster": _boolean,
+    "plugins": _strings("plugin modules (dotted paths or .py files)"),
+    "entry_point_plugins": _entry_point_plugins,
+    "include": _resource_rules,
+    "exclude": _resource_rules,
+    "preferred_version_only": _boolean,
+    "namespace": _dns_name("label", empty_means="all namespaces"),
+    "rediscovery_interval": _duration(),
+    "resync": _duration(zero_means="turns resync off"),
+    "workers": _integer(1, MAX_WORKERS),
+    "check_permissions": _boolean,
+    "http_bind": _host_port,
+    "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(("text", "json")),
+    "shutdown_timeout": _duration(),
+    "start_timeout": _duration(),
+    "leader_election.enabled": _boolean,
+    "leader_election.lease_name": _dns_name("subdomain"),
+    "leader_election.lease_namespace": _dns_name("label"),
+    "leader_election.lease_duration": _duration(),
+    "leader_election.renew_deadline": _duration(below="leader_election.lease_duration"),
+    "leader_election.retry_period": _duration(below="leader_election.renew_deadline"),
+    "plugin_settings": _plugin_tables,
+}
+_TABLES = ("leader_election",)  # settings that are tables of settings (checked key by key above)
+
+
+def _env_var(name: str) -> str:
+    """The environment variable that sets a (dotted) setting: ``leader_election.enabled`` ->
+    ``SYNCER_LEADER_ELECTION__ENABLED``."""
+    return f"{ENV_PREFIX}_{name.upper().replace('.', '__')}"
+
+
+def _setting_name(key: str) -> str:
+    """The setting (as in ``_CHECKS``) a dotted key of the file or the environment belongs to."""
+    head, _, rest = key.lower().partition(".")
+    return f"{head}.{rest.partition('.')[0]}" if head in _TABLES and rest else head
+
+
+def load_settings(path: str | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Read ``path`` (if given) and ``SYNCER_*`` variables, check every setting, and return typed Settings.
+
+    ``overrides`` are command-line values (``--kubeconfig``, ``--context``); they win over the file and the
+    environment, and a mistake in one names the option.
+    """
+    origins = _Origins(path, {_setting_name(k[len(ENV_PREFIX) + 1:].replace("__", ".")): k
+                              for k in os.environ if k.startswith(ENV_PREFIX + "_") and k != SETTINGS_ENV},
+                       frozenset(overrides or ()))
+    values = {**_read(path), **(overrides or {})}
+    _reject_unknown(values, origins)
+    checked: dict[str, Any] = {}
+    defaults = Settings()
+    for name, check in _CHECKS.items():
+        given = name in values
+        value = values[name] if given else attrgetter(name)(defaults)
+        try:
+            checked[name] = check(value, checked)
+        except _Invalid as e:
+            got = repr(value) if given else f"its default {_seconds(value) if isinstance(value, float) else value!r}"
+            detail = f" ({e.detail})" if e.detail else ""
+            raise SettingsError(f"setting {name!r} must be {e.expect}, got {got}{detail}; {origins.fix(name)}") \
+                from None
+    leader = LeaderElection(**{n.partition(".")[2]: v for n, v in checked.items() if n.startswith("leader_election.")})
+    return Settings(**{n: v for n, v in checked.items() if "." not in n}, leader_election=leader, source=path or "")
+
+
+def _reject_unknown(values: Mapping[str, Any], origins: _Origins) -> None:
+    for name in sorted(set(values) - set(_CHECKS)):
+        if name in _TABLES:
+            raise SettingsError(f"setting {name!r} must be a table [{name}] of settings, got {values[name]!r}; "
+                                f"{origins.fix(name)}")
+        table, _, key = name.rpartition(".")
+        known = (sorted(n.partition(".")[2] for n in _CHECKS if n.startswith(f"{table}.")) if table else
+                 sorted({n.partition(".")[0] for n in _CHECKS}))
+        close = difflib.get_close_matches(key, known, n=1)
+        raise SettingsError(f"unknown setting {name!r} in {origins.of(name)}"
+                            f"{f' (did you mean {close[0]!r}?)' if close else ''}; known settings"
+                            f"{f' in [{table}]' if table else ''} are {', '.join(known)}")
+
+
+@dataclass(frozen=True)
+class _Origins:
+    """Where settings were given: the file, ``SYNCER_*`` variables (setting -> variable), command-line options."""
+
+    path: str | None
+    env: dict[str, str]
+    options: frozenset[str]
+
+    def of(self, name: str) -> str:
+        """Where setting ``name`` was given."""
+        return f"environment variable {self.env[name]}" if name in self.env else f"settings file {self.path!r}"
+
+    def fix(self, name: str) -> str:
+        """Where to fix setting ``name``."""
+        if name in self.options:
+            return f"fix the --{name.replace('_', '-')} option"
+        if name in self.env:
+            return f"fix environment variable {self.env[name]} (it overrides the settings file)"
+        return f"set it in the settings file or in {_env_var(name)}"
+
+
+def _read(path: str | None) -> dict[str, Any]:
+    """The merged raw settings of the file and the environment, by (dotted) setting name."""
+    file_keys = {_setting_name(k) for k in _flatten(_read_toml(path))} if path is not None else set()
     try:
-        raw.validators.register(*_VALIDATORS)
-        raw.validators.validate()
-    except ValidationError as e:
-        raise SettingsError(_explain(e)) from None
-    return _typed(raw, path)
+        raw = Dynaconf(envvar_prefix=ENV_PREFIX, settings_files=[path] if path else [], environments=False,
+                       merge_enabled=True).as_dict()
+    except Exception as e:  # dynaconf raises many types, e.g. for a bad '@cast' in an environment variable
+        raise SettingsError(f"cannot read the settings: {type(e).__name__}: {e}") from None
+    values = {_setting_name(k): v for k, v in _flatten(raw).items()}
+    if "settings" not in file_keys:
+        values.pop("settings", None)  # dynaconf read SETTINGS_ENV as a setting too
+    return values
 
 
-def _explain(e: ValidationError) -> str:
-    text = str(e)
-    name = re.search(r"setting '([^']+)'", text)
-    return f"{text}; {_where(name.group(1))}" if name else text
+def _read_toml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise SettingsError(f"settings file {path!r} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except OSError as e:
+        raise SettingsError(f"settings file {path!r} cannot be read: {e.strerror or e}") from None
+    except ValueError as e:  # TOMLDecodeError, or UnicodeDecodeError for a binary file
+        raise SettingsError(f"settings file {path!r} is not valid TOML: {e}") from None
 
 
-def _typed(raw: Dynaconf, path: str | None) -> Settings:
-    le = raw.get("leader_election") or {}
-    unknown_le = sorted(set(le) - {f.name for f in fields(LeaderElection)})
-    if unknown_le:
-        raise SettingsError(f"unknown setting 'leader_election.{unknown_le[0]}': known are "
-                            f"{', '.join(f.name for f in fields(LeaderElection))}")
-    leader = LeaderElection(
-        enabled=bool(le.get("enabled", False)),
-        lease_name=str(le.get("lease_name", "kube-syncer")),
-        lease_namespace=str(le.get("lease_namespace", "default")),
-        lease_duration=parse_duration(le.get("lease_duration", 15), "leader_election.lease_duration"),
-        renew_deadline=parse_duration(le.get("renew_deadline", 10), "leader_election.renew_deadline"),
-        retry_period=parse_duration(le.get("retry_period", 2), "leader_election.retry_period"),
-    )
-    if not leader.retry_period < leader.renew_deadline < leader.lease_duration:
-        raise SettingsError("leader_election: retry_period < renew_deadline < lease_duration must hold (got "
-                            f"{leader.retry_period:g}s, {leader.renew_deadline:g}s, {leader.lease_duration:g}s)")
-    bind = str(raw.get("http_bind", "127.0.0.1:8080"))
-    host, _, port = bind.rpartition(":")
-    if not host or not port.isdigit():
-        raise SettingsError(f"setting 'http_bind': expected host:port, got {bind!r}; {_where('http_bind')}")
-    settings = Settings(
-        kubeconfig=str(raw.get("kubeconfig", "")),
-        context=str(raw.get("context", "")),
-        in_cluster=bool(raw.get("in_cluster", False)),
-        plugins=tuple(str(p) for p in raw.get("plugins", ())),
-        include=tuple(str(p) for p in raw.get("include", ())),
-        exclude=tuple(str(p) for p in raw.get("exclude", ())),
-        namespace=str(raw.get("namespace", "")),
-        rediscovery_interval=parse_duration(raw.get("rediscovery_interval", 60), "rediscovery_interval"),
-        resync=parse_duration(raw.get("resync", 0), "resync"),
-        workers=int(raw.get("workers", 2)),
-        check_permissions=bool(raw.get("check_permissions", False)),
-        http_bind=bind,
-        log_level=str(raw.get("log_level", "INFO")),
-        log_format=str(raw.get("log_format", "text")),
-        shutdown_timeout=parse_duration(raw.get("shutdown_timeout", 20), "shutdown_timeout"),
-        start_timeout=parse_duration(raw.get("start_timeout", 60), "start_timeout"),
-        leader_election=leader,
-        plugin_settings={str(k).lower(): dict(v) for k, v in (raw.get("plugin_settings") or {}).items()},
-        source=path or "",
-    )
-    if settings.kubeconfig and not Path(settings.kubeconfig).expanduser().is_file():
-        raise SettingsError(f"setting 'kubeconfig': file {settings.kubeconfig!r} does not exist; "
-                            f"{_where('kubeconfig')}")
-    if settings.rediscovery_interval <= 0:
-        raise SettingsError("setting 'rediscovery_interval' must be positive")
-    return settings
+def _flatten(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Top-level keys, except that each key of a settings table (``[leader_election]``) becomes ``table.key``;
+    a table given as something else stays one key, for its check to reject."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key.lower() in _TABLES and isinstance(value, Mapping):
+            out.update((f"{key}.{k}", v) for k, v in value.items())
+        else:
+            out[key] = value
+    return out
