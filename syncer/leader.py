@@ -1,9 +1,17 @@
-"""LeaderElector: leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's rules.
+"""LeaderElector: leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's rules, and a term fence.
 
 A candidate takes the lease when it is free, released, or not renewed for ``lease_duration`` (measured on the
 local clock from when this candidate last saw it change, so clock skew between replicas does not matter).
-The leader renews every ``retry_period``; if it cannot renew within ``renew_deadline`` it has lost the lease.
-On graceful shutdown the leader releases the lease so a standby takes over at once.
+The leader renews every ``retry_period``; on graceful shutdown it releases the lease so a standby takes over
+at once.
+
+Unlike client-go, where each renew attempt gets a fresh ``renew_deadline``, the term ends ``renew_deadline``
+after the last *successful* renewal (counted from when that request was sent), whatever the attempts in
+between are doing: ``hold()`` returns then, and ``fence()`` says so locally, without a network call, to
+whoever asks first. A process resumed after a pause past that point (SIGSTOP, a VM freeze, a blocked loop)
+finds its fence closed before any of its queued work runs. The standby cannot take the lease before
+``lease_duration`` has passed on its own clock, so ``lease_duration - renew_deadline`` is the margin in which
+the old term's controllers must stop.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import time
 import uuid
 from typing import Any
 
+import aiohttp
 from loguru import logger
 
 from informers import ApiClient, ApiError
@@ -31,8 +40,22 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# What a lease request can fail with besides an API error; all of them mean "try again next round".
+_TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+class _TermFence:
+    """The fence of one leadership term: valid while renewals keep succeeding within ``renew_deadline``."""
+
+    def __init__(self, elector: "LeaderElector", term: int) -> None:
+        self._elector, self._term = elector, term
+
+    def valid(self) -> bool:
+        return self._elector._term == self._term and self._elector.term_valid()
+
+
 class LeaderElector:
-    """Acquires, renews and releases one Lease. ``is_leader`` tells the current state."""
+    """Acquires, renews and releases one Lease. ``is_leader`` tells the current state, ``fence()`` the term's."""
 
     def __init__(self, client: ApiClient, config: LeaderElection, identity: str | None = None) -> None:
         self.client = client
@@ -43,30 +66,40 @@ class LeaderElector:
         self.observed_holder = ""
         self._observed_record: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._last_renew = float("-inf")  # monotonic time the last successful acquire/renew was sent
+        self._term = 0
         self._log = logger.bind(lease=f"{config.lease_namespace}/{config.lease_name}", identity=self.identity)
 
+    def term_valid(self) -> bool:
+        """Whether this replica leads now: it holds the lease and renewed it less than ``renew_deadline`` ago."""
+        return self.is_leader and time.monotonic() - self._last_renew < self.config.renew_deadline
+
+    def fence(self) -> _TermFence:
+        """The fence of the current term: it stays closed once this term ends, even if a later one begins."""
+        return _TermFence(self, self._term)
+
     async def acquire(self) -> None:
-        """Return once this candidate holds the lease (retrying every ``retry_period``)."""
+        """Return once this candidate holds the lease (retrying every ``retry_period``); starts a new term."""
         while not await self._try_acquire_or_renew():
             await asyncio.sleep(self.config.retry_period)
+        self._term += 1
         self._log.info("became leader ({})", self.identity)
 
     async def hold(self) -> None:
-        """Renew until the lease is lost (then return); cancel to stop renewing."""
-        last_renew = time.monotonic()
-        while True:
-            await asyncio.sleep(self.config.retry_period)
+        """Renew until the term ends (then return): ``renew_deadline`` after the last successful renewal, or at
+        once when someone else holds the lease. Cancel to stop renewing."""
+        while self.term_valid():
+            remaining = self._last_renew + self.config.renew_deadline - time.monotonic()
             try:
-                async with asyncio.timeout(self.config.renew_deadline):
-                    ok = await self._try_acquire_or_renew()
+                async with asyncio.timeout(remaining):
+                    await asyncio.sleep(self.config.retry_period)
+                    await self._try_acquire_or_renew()
             except TimeoutError:
-                ok = False
-            if ok:
-                last_renew = time.monotonic()
-            elif time.monotonic() - last_renew >= self.config.renew_deadline or self.observed_holder != self.identity:
-                self.is_leader = False
-                self._log.warning("lost leadership (holder now {!r})", self.observed_holder)
-                return
+                pass
+        self.is_leader = False
+        self._log.warning("lost leadership: {}", f"holder now {self.observed_holder!r}"
+                          if self.observed_holder != self.identity else
+                          f"not renewed within renew_deadline ({self.config.renew_deadline:g}s)")
 
     async def release(self) -> None:
         """Give the lease up if we hold it, so that a standby can take it at once."""
@@ -80,10 +113,19 @@ class LeaderElector:
             lease["spec"].update(holderIdentity="", leaseDurationSeconds=1, renewTime=_now(), acquireTime=_now())
             await self.client.request("PUT", self.path, body=lease, timeout=5)
             self._log.info("released the lease")
-        except (ApiError, OSError, TimeoutError) as e:
+        except (ApiError, *_TRANSPORT_ERRORS) as e:
             self._log.warning("could not release the lease: {}", e)
 
     async def _try_acquire_or_renew(self) -> bool:
+        try:
+            return await self._attempt()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug or an odd answer must not end the election: log, and try next round
+            self._log.opt(exception=e).error("lease {} attempt failed unexpectedly: {}", self.path, e)
+            return False
+
+    async def _attempt(self) -> bool:
         now = time.monotonic()
         spec = {"holderIdentity": self.identity,
                 "leaseDurationSeconds": max(1, round(self.config.lease_duration)),
@@ -104,10 +146,10 @@ class LeaderElector:
                     self._log.warning("cannot create the lease: {}", e2)
                 return False
             self._observe(spec, now)
-            self.is_leader = True
+            self._renewed(now)
             return True
-        except (OSError, TimeoutError) as e:
-            self._log.warning("cannot reach the API server for the lease: {}", e)
+        except _TRANSPORT_ERRORS as e:
+            self._log.warning("cannot reach the API server for the lease: {}", _reason(e))
             return False
         current = lease.get("spec") or {}
         holder = current.get("holderIdentity") or ""
@@ -130,15 +172,24 @@ class LeaderElector:
             if e.status != 409:  # 409: someone else wrote first; we see it next round
                 self._log.warning("cannot update the lease: {}", e)
             return False
-        except (OSError, TimeoutError) as e:
-            self._log.warning("cannot reach the API server for the lease: {}", e)
+        except _TRANSPORT_ERRORS as e:
+            self._log.warning("cannot reach the API server for the lease: {}", _reason(e))
             return False
         self._observe(spec, now)
-        self.is_leader = True
+        self._renewed(now)
         return True
+
+    def _renewed(self, sent_at: float) -> None:
+        # Counted from when the request was sent: the server may have stamped renewTime any time after that.
+        self._last_renew = sent_at
+        self.is_leader = True
 
     def _observe(self, spec: dict[str, Any], now: float) -> None:
         self._observed_record = (spec.get("holderIdentity") or "", spec.get("renewTime"),
                                  spec.get("leaseDurationSeconds"))
         self._observed_at = now
         self.observed_holder = spec.get("holderIdentity") or ""
+
+
+def _reason(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
