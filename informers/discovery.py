@@ -4,23 +4,42 @@ Uses aggregated discovery (``apidiscovery.k8s.io/v2``: two requests for the whol
 legacy per-group-version discovery on servers without it. A group-version whose aggregated API is unavailable
 (stale in aggregated discovery, 503 or a time-out in legacy discovery) keeps its last known resources, marked
 stale, and never holds up the rest.
+
+Unlike client-go, whose ``ServerGroupsAndResources`` returns one aggregate error the caller must pick apart,
+a refusal of ``/api`` or ``/apis`` itself (401/403: the credentials or RBAC are wrong) is raised as its own
+type, ``DiscoveryForbidden``: retrying it changes nothing, so a caller that retries transport errors forever
+must be able to tell it apart and say so.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Awaitable, TypeVar
 
 from loguru import logger
 
-from .client import ApiClient
+from .client import CONNECTION_ERRORS, ApiClient
 from .errors import ApiError
 from .gvr import GVR
+
+_T = TypeVar("_T")
 
 _AGGREGATED = (
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,"
     "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
 )
+
+
+class DiscoveryForbidden(ApiError):
+    """The API server refused ``/api`` or ``/apis`` to this user (401 or 403); retrying will not help."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.status, error.reason, error.message, error.body, error.retry_after)
+        reason = error.reason or HTTPStatus(error.status).phrase
+        self.args = (f"the API server refused discovery for this user ({error.status} {reason}): "
+                     f"{error.message or 'no message'}",)
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,7 @@ class DiscoveryClient:
         """One discovery pass over ``/api`` and ``/apis``."""
         result = DiscoveryResult()
         if self.aggregated is not False:
-            docs = await asyncio.gather(*(self._get(p, result, _AGGREGATED) for p in ("/api", "/apis")))
+            docs = await _all(*(self._get(p, result, _AGGREGATED) for p in ("/api", "/apis")))
             if all(d.get("kind") == "APIGroupDiscoveryList" for d in docs):
                 self.aggregated = True
                 for doc in docs:
@@ -84,7 +103,12 @@ class DiscoveryClient:
 
     async def _get(self, path: str, result: DiscoveryResult, accept: str = "application/json") -> dict:  # type: ignore[type-arg]
         result.requests += 1
-        doc = await self.client.request("GET", path, headers={"Accept": accept}, timeout=self.timeout)
+        try:
+            doc = await self.client.request("GET", path, headers={"Accept": accept}, timeout=self.timeout)
+        except ApiError as e:
+            if path in ("/api", "/apis") and e.status in (401, 403):
+                raise DiscoveryForbidden(e) from e
+            raise
         return doc if isinstance(doc, dict) else {}
 
     @staticmethod
@@ -104,20 +128,20 @@ class DiscoveryClient:
                         gvr, kind, res.get("scope") == "Namespaced", frozenset(res.get("verbs") or ()), i == 0)
 
     async def _legacy(self, result: DiscoveryResult) -> None:
-        core, groups = await asyncio.gather(self._get("/api", result), self._get("/apis", result))
+        core, groups = await _all(self._get("/api", result), self._get("/apis", result))
         gvs: list[tuple[str, str, bool]] = [("", v, i == 0) for i, v in enumerate(core.get("versions") or ())]
         for g in groups.get("groups") or ():
             preferred = (g.get("preferredVersion") or {}).get("version")
             gvs.extend((g["name"], v["version"], v["version"] == preferred) for v in g.get("versions") or ())
-        await asyncio.gather(*(self._legacy_gv(result, *gv) for gv in gvs))
+        await _all(*(self._legacy_gv(result, *gv) for gv in gvs))
 
     async def _legacy_gv(self, result: DiscoveryResult, group: str, version: str, preferred: bool) -> None:
         gv = f"{group}/{version}" if group else version
         path = f"/apis/{gv}" if group else f"/api/{version}"
         try:
             doc = await self._get(path, result)
-        except (ApiError, OSError, TimeoutError) as e:
-            self._log.warning("discovery of {} failed ({}); keeping its last known resources as stale", gv, e)
+        except (ApiError, *CONNECTION_ERRORS) as e:
+            self._log.warning("discovery of {} failed ({!r}); keeping its last known resources as stale", gv, e)
             result.stale_group_versions.add(gv)
             return
         for res in doc.get("resources") or ():
@@ -126,3 +150,12 @@ class DiscoveryClient:
             gvr = GVR(group, version, res["name"])
             result.resources[gvr] = ResourceInfo(
                 gvr, res.get("kind", ""), bool(res.get("namespaced")), frozenset(res.get("verbs") or ()), preferred)
+
+
+async def _all(*aws: Awaitable[_T]) -> list[_T]:
+    """Await every one, then raise the first failure: plain ``gather`` would leave the others running unowned."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results  # type: ignore[return-value]

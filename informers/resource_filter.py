@@ -59,11 +59,15 @@ class ResourceFilter:
         """None if the GVR should get an informer, else the reason it does not."""
         gvr = info.gvr
         if not info.listable:
-            return f"verbs {sorted(info.verbs)} lack list/watch"
+            return "lacks " + " and ".join(verb for verb in ("list", "watch") if verb not in info.verbs)
         if self.namespaced_only and not info.namespaced:
             return "cluster-scoped, and informers are restricted to a namespace"
         if self.preferred_version_only and not info.preferred:
             return "not the group's preferred version"
+        return self.why_rules_exclude(gvr)
+
+    def why_rules_exclude(self, gvr: GVR) -> str | None:
+        """The include/exclude rules' verdict alone (no discovery needed): None if they let ``gvr`` through."""
         for rule in self.exclude:
             if rule.matches(gvr):
                 return f"excluded by rule {rule}"

@@ -11,21 +11,25 @@ from .shared_informer import SharedIndexInformer
 
 class Subscription:
     """An async iterator of change ticks. Ticks coalesce: however many changes happen while the subscriber is
-    busy, it sees one tick, after which it should re-read ``informers()``. Iteration ends when unsubscribed."""
+    busy, it sees one tick, after which it should re-read ``informers()``. When unsubscribed, a tick still
+    pending is delivered first, then iteration ends."""
 
     def __init__(self, id: str) -> None:
         self.id = id
-        self._pending = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._pending = False
         self._closed = False
 
     def notify(self) -> None:
-        """Record a change; never blocks."""
-        self._pending.set()
+        """Record a change; never blocks (no-op once closed)."""
+        if not self._closed:
+            self._pending = True
+            self._wake.set()
 
     def close(self) -> None:
         """End the iteration (after a pending tick, if any, has been taken)."""
         self._closed = True
-        self._pending.set()
+        self._wake.set()
 
     @property
     def closed(self) -> bool:
@@ -36,10 +40,12 @@ class Subscription:
         return self
 
     async def __anext__(self) -> None:
-        await self._pending.wait()
-        self._pending.clear()
-        if self._closed:
-            raise StopAsyncIteration
+        while not self._pending:
+            if self._closed:
+                raise StopAsyncIteration
+            self._wake.clear()
+            await self._wake.wait()
+        self._pending = False
 
 
 class Notifier:
@@ -76,7 +82,13 @@ class Notifier:
 
 
 class InformerSource(Protocol):
-    """What a ControllerManager consumes: subscribe to changes, read the synced / not-synced split."""
+    """What a ControllerManager consumes: subscribe to changes, read the synced / not-synced split.
+
+    A source may also offer ``add_removal_hook(hook: Callable[[GVR], Awaitable[None]]) -> Callable[[], None]``
+    (the discovering factory does): every hook is awaited before the source stops and drops an informer, so
+    whatever reads that informer's cache can be stopped while the cache is still whole. It is optional (look
+    it up with ``getattr``); the returned function unregisters the hook.
+    """
 
     def subscribe(self, id: str) -> Subscription: ...
 

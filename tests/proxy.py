@@ -13,7 +13,8 @@ class Proxy:
         self.target_port = target_port
         self.refuse = False
         self.accepted = 0
-        self._conns: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter, asyncio.Event]] = []
+        # (client side, upstream side, frozen, cut): a frozen pipe swallows data until the connection is cut
+        self._conns: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter, asyncio.Event, asyncio.Event]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -25,7 +26,7 @@ class Proxy:
 
     @property
     def open_connections(self) -> int:
-        return sum(1 for c, _, _ in self._conns if not c.is_closing())
+        return sum(1 for c, _, _, _ in self._conns if not c.is_closing())
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.refuse:
@@ -33,25 +34,27 @@ class Proxy:
             return
         self.accepted += 1
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        frozen = asyncio.Event()
-        entry = (writer, up_writer, frozen)
+        frozen, cut = asyncio.Event(), asyncio.Event()
+        entry = (writer, up_writer, frozen, cut)
         self._conns.append(entry)
         try:
-            await asyncio.gather(self._pipe(reader, up_writer, frozen), self._pipe(up_reader, writer, frozen))
+            await asyncio.gather(self._pipe(reader, up_writer, frozen, cut), self._pipe(up_reader, writer, frozen, cut))
         finally:
             for w in (writer, up_writer):
                 w.close()
             self._conns.remove(entry)
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frozen: asyncio.Event) -> None:
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frozen: asyncio.Event,
+                    cut: asyncio.Event) -> None:
         try:
             while True:
                 data = await reader.read(65536)
                 if not data:
                     break
                 if frozen.is_set():
-                    await asyncio.Event().wait()  # swallow: the peer sees silence, not a close
+                    await cut.wait()  # swallow: the peer sees silence, not a close, until the cut
+                    break
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
@@ -61,12 +64,13 @@ class Proxy:
 
     def freeze(self) -> None:
         """Current connections go silent in both directions without closing."""
-        for _, _, frozen in self._conns:
+        for _, _, frozen, _ in self._conns:
             frozen.set()
 
     def cut(self) -> None:
         """Close every current connection."""
-        for client, upstream, _ in self._conns:
+        for client, upstream, _, cut in self._conns:
+            cut.set()
             client.transport.abort()
             upstream.transport.abort()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import uuid
 
 import psutil
@@ -148,6 +149,13 @@ async def test_unavailable_aggregated_api_does_not_block_discovery(control_plane
             await f.shutdown()
 
 
+async def _may(api: ApiClient, verb: str, group: str, resource: str) -> bool:
+    review = await api.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body={
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}})
+    return bool(review["status"].get("allowed"))
+
+
 async def _grant(api: ApiClient, name: str, rules: list[dict]) -> None:
     await api.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles",
                       body={"metadata": {"name": name}, "rules": rules})
@@ -166,7 +174,7 @@ async def test_restricted_user_gets_only_permitted_gvrs_and_periodic_rediscovery
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]},
             {"apiGroups": [group], "resources": ["*"], "verbs": ["list", "watch"]},
         ])
-        await asyncio.sleep(1)  # let the RBAC grant reach the authorizer
+        await eventually(lambda: _may(restricted, "list", "", "configmaps"), 10, "the RBAC grant in the authorizer")
         f = factory(restricted, filter=ResourceFilter(include=["core/*", f"{group}/*"]), check_permissions=True,
                     rediscovery_interval=1.0)
         await f.start()
@@ -178,12 +186,12 @@ async def test_restricted_user_gets_only_permitted_gvrs_and_periodic_rediscovery
             assert states[GVR("", "v1", "secrets")].state == "forbidden"
             assert "may not list" in states[GVR("", "v1", "secrets")].reason
             # no permission to watch CRDs: only the periodic pass can find a new one
-            assert CRDS_GVR not in f._meta.informers()
+            assert not f.triggers.watching(CRDS_GVR)
             await create_crd(admin, group)
             await eventually(lambda: GVR(group, "v1", "widgets") in f.informers()[0], 20, "found periodically")
-            passes = f.passes
-            await asyncio.sleep(2.5)
-            assert f.passes - passes <= 4  # about one per second: no storm
+            passes, since = f.passes, time.monotonic()
+            await eventually(lambda: f.passes >= passes + 3, 10, "three periodic passes")
+            assert time.monotonic() - since > 1.5  # about one per second: no storm
             assert all(i.last_error is None for i in f.informers()[0].values())
         finally:
             await f.shutdown()
@@ -236,9 +244,8 @@ async def test_50_crd_cycles_leak_nothing(control_plane_factory) -> None:
                 if i in (9, 49):
                     gc.collect()
                     rss.append(proc.memory_info().rss)
-            await asyncio.sleep(0.3)
-            assert len(asyncio.all_tasks()) <= tasks_before
-            assert f._inner.informers() == {} and f._sync_tasks == {}
+            await eventually(lambda: len(asyncio.all_tasks()) <= tasks_before, 5, "no task left behind")
+            assert f._inner.informers() == {} and f._adopted == {}
             watches = [c for c in proc.net_connections("tcp") if c.raddr and c.raddr.port == cp.port]
             assert len(watches) <= 4  # the two trigger watches plus pooled idle connections
             assert rss[1] - rss[0] < 8 * 1024 * 1024, rss
