@@ -2,9 +2,15 @@
 goes away, and restarts it (fresh ``create``) when they come back.
 
 Unlike kcp's original: a pass runs at startup and on every source notification (including "an informer
-became synced", so no polling); a stop is awaited, so a restarted controller never overlaps its predecessor;
-a failing ``create`` or a controller that returns or crashes on its own is retried with exponential backoff;
-handlers a controller registered through its context are removed when it stops.
+became synced", so no polling). A pass never waits: each controller instance (``create``, then ``start``) runs
+in its own task and a stop is a cancellation, so one slow or hung controller delays no other start or stop;
+an instance that ends wakes the next pass, and a controller is never restarted before its previous instance
+has ended (no overlap). ``create`` is bounded by ``start_timeout``; a failing or hung ``create``, or a
+controller that returns or crashes on its own, is retried with exponential backoff. Handlers a controller
+registered through its context are removed when it ends, however it ends (also when cancelled mid-``create``).
+A source that offers removal hooks gets the controllers reading a GVR stopped before its informer is torn
+down. A controller that ignores its cancellation is reported (``stuck``; ``stop()`` returns its name) rather
+than forgotten: only the caller can decide that the process must end.
 """
 
 from __future__ import annotations
@@ -13,21 +19,24 @@ import asyncio
 import inspect
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence, Union
+from typing import Any, Awaitable, Callable, Literal, Sequence, Union
 
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from informers import GVR, ApiClient, Backoff, InformerSource
+from informers import GVR, ApiClient, Backoff, InformerSource, SharedIndexInformer, Subscription, Supervisor
 
 from informers.metrics import MetricSet
 
-from .context import ControllerContext
+from .context import ControllerContext, ReconcileStats
+from .fence import OPEN, Fence
 
 CONTROLLER_NAME_PREFIX = "syncer-controller-manager-"
+_NOT_SERVED = "not served"
 
 StartFunc = Callable[[ControllerContext], Awaitable[None]]
 CreateFunc = Callable[[ControllerContext], Union[StartFunc, Awaitable[StartFunc]]]
+ControllerState = Literal["waiting", "starting", "running", "stopping", "backoff", "stuck"]
 
 
 @dataclass(frozen=True)
@@ -44,17 +53,29 @@ class ManagedController:
 
 @dataclass
 class ControllerStatus:
-    """One controller's state: ``waiting`` (for GVRs), ``running``, ``backoff`` (after a failure) or ``stuck``
-    (did not stop within the timeout; it is not restarted until it does)."""
+    """One controller's state:
+
+    - ``waiting`` for its GVRs (``missing``: not served, each as ``gvr (reason)`` with the source's reason when it
+      has one, e.g. excluded by a filter; ``not_synced``: still listing);
+    - ``starting``: ``create`` is running (for at most the manager's ``start_timeout``);
+    - ``running``;
+    - ``stopping``: cancelled, and its instance has not ended yet;
+    - ``backoff``: after a failure, until its retry;
+    - ``stuck``: did not stop within the manager's ``stop_timeout``; not restarted until it ends.
+
+    ``reconciles`` is what its Controller reported through the context, summed over its instances: a reconcile
+    that always fails shows here (controller-runtime only counts it in a metric).
+    """
 
     name: str
-    state: str = "waiting"
+    state: ControllerState = "waiting"
     missing: list[str] = field(default_factory=list)
     not_synced: list[str] = field(default_factory=list)
     running_since: float | None = None
     restarts: int = 0
     failures: int = 0
     last_error: str = ""
+    reconciles: ReconcileStats = field(default_factory=ReconcileStats)
 
     @property
     def healthy(self) -> bool:
@@ -65,7 +86,9 @@ class ControllerStatus:
         """JSON-ready form."""
         return {"name": self.name, "state": self.state, "missing": self.missing, "not_synced": self.not_synced,
                 "running_since": self.running_since, "restarts": self.restarts, "failures": self.failures,
-                "last_error": self.last_error, "healthy": self.healthy}
+                "last_error": self.last_error, "healthy": self.healthy, "reconciles": self.reconciles.total,
+                "reconcile_errors": self.reconciles.errors, "last_reconcile_error": self.reconciles.last_error,
+                "last_reconcile_error_at": self.reconciles.last_error_at}
 
 
 class _Metrics(MetricSet):
@@ -90,22 +113,37 @@ class _Runner:
         self.spec = spec
         self.status = ControllerStatus(name)
         self.backoff = backoff
+        # The current (or last) instance: create + start. Kept after it ends, so a stuck one can be inspected.
         self.task: asyncio.Task[None] | None = None
         self.ctx: ControllerContext | None = None
-        self.retry_at = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.starts = 0
         self.stopping = False
+        self.retry_at = 0.0
+        self.retry_timer: asyncio.TimerHandle | None = None
+        self.stuck_timer: asyncio.TimerHandle | None = None
+        self.starts = 0
+        self.waiting_logged: dict[GVR, str] = {}  # why each missing GVR is missing, as last logged
+
+    @property
+    def alive(self) -> bool:
+        """Whether the instance's task has not ended (starting, running, stopping, stuck, or failed and still
+        releasing its handlers)."""
+        return self.task is not None and not self.task.done()
 
 
 class ControllerManager:
-    """Manages (create/start/stop) GVR-dependent controllers according to an InformerSource's synced set."""
+    """Manages (create/start/stop) GVR-dependent controllers according to an InformerSource's synced set.
+
+    ``fence`` (the leadership term) is handed to every controller's context; ``start_timeout`` bounds an async
+    ``create``; ``stop_timeout`` is how long a cancelled controller may take to end before it is ``stuck``.
+    The pass loop runs under ``supervisor`` (a private one if not given): a pass that raises is logged and the
+    loop restarted, and the process's ``/healthz`` can tell.
+    """
 
     def __init__(
         self, suffix: str, informer_source: InformerSource, controllers: dict[str, ManagedController], *,
-        stop_timeout: float = 30.0, backoff: Callable[[], Backoff] | None = None,
+        stop_timeout: float = 30.0, start_timeout: float = 60.0, backoff: Callable[[], Backoff] | None = None,
         metrics_registry: CollectorRegistry | None = None, client: ApiClient | None = None, workers: int = 1,
-        resync_period: float | None = None,
+        resync_period: float | None = None, fence: Fence = OPEN, supervisor: Supervisor | None = None,
     ) -> None:
         self.name = CONTROLLER_NAME_PREFIX + suffix
         self.source = informer_source
@@ -113,45 +151,63 @@ class ControllerManager:
         self.workers = workers
         self.resync_period = resync_period
         self.stop_timeout = stop_timeout
+        self.start_timeout = start_timeout
+        self.fence = fence
         make_backoff = backoff or (lambda: Backoff(initial=1.0, cap=60.0, jitter=0.5))
         self._runners = {name: _Runner(name, spec, make_backoff()) for name, spec in controllers.items()}
         self._m = _Metrics.for_registry(metrics_registry)
         self._m.running.labels(self.name).set_function(
             lambda: sum(1 for r in self._runners.values() if r.status.state == "running"))
-        self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = supervisor or Supervisor(self.name)
+        self._loop_name = f"{self.name} passes"
+        self._looping = False
+        self._wake: Callable[[], None] = lambda: None
+        self._unhook: Callable[[], None] | None = None
         self.passes = 0
         self._log = logger.bind(manager=self.name)
 
     # -- public ------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Subscribe to the source and begin passes (the first one at once)."""
-        if self._tasks:
+        """Subscribe to the source (and its removal hooks, if it has them) and begin passes (the first at once)."""
+        if self._looping:
             return
         subscription = self.source.subscribe(self.name)
+        # Our own wake-ups (a retry is due, an instance ended) are ticks of the same subscription: they coalesce
+        # with the source's, and one loop serves them all.
+        self._wake = subscription.notify
+        add_removal_hook = getattr(self.source, "add_removal_hook", None)
+        if add_removal_hook is not None:
+            self._unhook = add_removal_hook(self._before_removal)
+        self._looping = True
+        self.supervisor.spawn(self._loop_name, lambda _: self._loop(subscription))
 
-        async def forward() -> None:
-            async for _ in subscription:
-                self._wake.set()
+    async def stop(self) -> list[str]:
+        """End the passes, stop every controller (together, awaited up to ``stop_timeout``) and unsubscribe.
 
-        self._tasks = [asyncio.create_task(forward(), name=f"{self.name} notifications"),
-                       asyncio.create_task(self._loop(), name=f"{self.name} passes")]
-
-    async def stop(self) -> None:
-        """Stop every controller (awaited), unsubscribe and end the pass loop."""
+        Returns the names of the controllers still alive after ``stop_timeout`` (they ignored the cancellation;
+        an empty list normally). Their tasks are left running, marked ``stuck``: only the caller can end them,
+        by ending the process.
+        """
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
+        if self._looping:
+            await self.supervisor.cancel(self._loop_name)
+            self._looping = False
         self.source.unsubscribe(self.name)
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
-        await asyncio.gather(*(self._stop(r, "manager stopping") for r in self._runners.values()))
+        await self._stop_all(list(self._runners.values()), "manager stopping")
         for r in self._runners.values():
-            if r.timer is not None:
-                r.timer.cancel()
+            if r.retry_timer is not None:
+                r.retry_timer.cancel()
         try:
             self._m.running.remove(self.name)
         except KeyError:
             pass
+        return self.alive()
+
+    def alive(self) -> list[str]:
+        """The names of the controllers whose instance's task has not ended (running, stopping or stuck)."""
+        return [r.name for r in self._runners.values() if r.alive]
 
     def status(self) -> dict[str, ControllerStatus]:
         """Every controller's status."""
@@ -167,84 +223,112 @@ class ControllerManager:
         return out
 
     # -- passes ------------------------------------------------------------------------------------------
-    async def _loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            await self._process()
+    async def _loop(self, subscription: Subscription) -> None:
+        async for _ in subscription:
+            self._process()
 
-    async def _process(self) -> None:
-        """One pass: one snapshot of the source; stop what must stop, then start what may start."""
+    def _process(self) -> None:
+        """One pass over one snapshot of the source: cancel what must stop, start what may start. It awaits
+        nothing, so nothing can change under it; an instance that ends wakes the next pass."""
         self.passes += 1
         synced, not_synced = self.source.informers()
         pending = set(not_synced)
-        to_start = []
+        now = time.monotonic()
         for r in self._runners.values():
             required = r.spec.required_gvrs
             missing = [g for g in required if g not in synced]
-            r.status.missing = [str(g) for g in missing if g not in pending]
+            r.waiting_logged = {g: why for g, why in r.waiting_logged.items() if g in missing}
+            r.status.missing = [self._why_missing(r, g) for g in missing if g not in pending]
             r.status.not_synced = [str(g) for g in missing if g in pending]
             if missing:
-                if r.task is not None:
-                    await self._stop(r, f"required GVRs unavailable: {', '.join(map(str, missing))}")
-                if r.status.state not in ("stuck",):
+                self._cancel(r, f"required GVRs unavailable: {', '.join(map(str, missing))}")
+                if not r.alive:
                     r.status.state = "waiting"
-                continue
-            if r.task is not None and r.ctx is not None and any(synced[g] is not r.ctx.informers[g]
-                                                                 for g in required):
-                # A GVR was removed and re-added between two passes: its informer is a new one.
-                await self._stop(r, "a required GVR's informer was replaced")
-            if r.task is None:
-                to_start.append(r)
-        now = time.monotonic()
-        for r in to_start:
-            if r.status.state == "stuck":
-                continue
-            if now < r.retry_at:
+            elif r.alive:
+                if r.ctx is not None and any(synced[g] is not r.ctx.informers[g] for g in required):
+                    # A GVR was removed and re-added between two passes: its informer is a new one.
+                    self._cancel(r, "a required GVR's informer was replaced")
+            elif now < r.retry_at:
                 r.status.state = "backoff"
-                continue
-            await self._start(r, {g: synced[g] for g in r.spec.required_gvrs})
+            else:
+                self._start(r, {g: synced[g] for g in required})
 
-    async def _start(self, r: _Runner, informers: dict[GVR, Any]) -> None:
-        ctx = ControllerContext(r.name, informers, self.source, self.client, self.workers, self.resync_period)
-        try:
-            start = r.spec.create(ctx)
-            if inspect.isawaitable(start):
-                start = await start
-            if not callable(start):
-                raise TypeError(f"create() returned {type(start).__name__}, not a start function")
-        except Exception as e:
-            await ctx.release()
-            self._failed(r, "create", e)
-            return
+    def _why_missing(self, r: _Runner, gvr: GVR) -> str:
+        """``gvr`` with the source's reason for not serving it (``pods.v1 (excluded: ...)``), logged once per
+        reason: a controller that waits because of the configuration must say so, not wait silently."""
+        explain = getattr(self.source, "explain", None)
+        reason = (explain(gvr) if explain is not None else None) or _NOT_SERVED
+        if r.waiting_logged.get(gvr) != reason:
+            r.waiting_logged[gvr] = reason
+            # Waiting for an API that is not installed yet is the normal case; a configuration that keeps it
+            # out (a filter, missing permissions) is a mistake to point at.
+            self._log.log("INFO" if reason == _NOT_SERVED else "WARNING", "controller {} waits for {}: {}",
+                          r.name, gvr, reason)
+        return f"{gvr} ({reason})"
+
+    async def _before_removal(self, gvr: GVR) -> None:
+        """The source's removal hook: stop every controller requiring ``gvr`` (together, awaited up to
+        ``stop_timeout``) while its informer's cache is still whole. The source no longer lists ``gvr`` by
+        then, so the passes this wakes start nothing on it."""
+        await self._stop_all([r for r in self._runners.values() if gvr in r.spec.required_gvrs],
+                             f"{gvr} is being removed")
+
+    # -- one controller ----------------------------------------------------------------------------------
+    def _start(self, r: _Runner, informers: dict[GVR, SharedIndexInformer]) -> None:
+        ctx = ControllerContext(r.name, informers, self.source, self.client, self.workers, self.resync_period,
+                                fence=self.fence, reconcile_stats=r.status.reconciles)
         r.ctx = ctx
+        r.stopping = False
+        r.status.state = "starting"
+        task = r.task = asyncio.create_task(self._run(r, ctx), name=f"controller {r.name}")
+        task.add_done_callback(lambda _: self._ended(r, task))
+
+    async def _run(self, r: _Runner, ctx: ControllerContext) -> None:
+        """One instance. A failure is recorded (with its backoff) before the handlers are released: the task is
+        alive until then, so no pass can start the next instance early."""
+        phase = "create"
+        try:
+            try:
+                start = await self._create(r.spec, ctx)
+                phase = "run"
+                self._running(r)
+                await start(ctx)
+            except Exception as e:
+                error: Exception = e
+            else:
+                error = RuntimeError("start returned while its GVRs are still available")
+            if not r.stopping:  # returning or failing once cancelled is how a controller may end
+                self._failed(r, phase, error)
+        finally:
+            await ctx.release()
+            if phase == "run":
+                self._m.stops.labels(self.name, r.name).inc()
+
+    async def _create(self, spec: ManagedController, ctx: ControllerContext) -> StartFunc:
+        made = spec.create(ctx)
+        if inspect.isawaitable(made):
+            deadline = asyncio.timeout(self.start_timeout)
+            try:
+                async with deadline:
+                    start = await made
+            except TimeoutError:
+                if not deadline.expired():
+                    raise  # create's own TimeoutError
+                raise TimeoutError(f"create() did not return within {self.start_timeout:g}s") from None
+        else:
+            start = made
+        if not callable(start):
+            raise TypeError(f"create() returned {type(start).__name__}, not a start function")
+        return start
+
+    def _running(self, r: _Runner) -> None:
         r.status.state = "running"
         r.status.running_since = time.time()
         if r.starts:
             r.status.restarts += 1
         r.starts += 1
-        r.stopping = False
         self._m.starts.labels(self.name, r.name).inc()
         self._log.info("started controller {}", r.name)
-        r.task = asyncio.create_task(self._run(r, start, ctx), name=f"controller {r.name}")
-
-    async def _run(self, r: _Runner, start: StartFunc, ctx: ControllerContext) -> None:
-        try:
-            await start(ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            error: Exception = e
-        else:
-            error = RuntimeError("start returned while its GVRs are still available")
-        if r.stopping:
-            return  # it was being stopped and returned instead of raising CancelledError: not a failure
-        # Exited on its own: clean up and schedule a fresh create.
-        r.task = None
-        r.ctx = None
-        await ctx.release()
-        self._m.stops.labels(self.name, r.name).inc()
-        self._failed(r, "run", error)
 
     def _failed(self, r: _Runner, phase: str, error: Exception) -> None:
         delay = r.backoff.next()
@@ -256,36 +340,46 @@ class ControllerManager:
         self._m.failures.labels(self.name, r.name, phase).inc()
         self._log.opt(exception=error if phase == "run" else None).warning(
             "controller {} failed in {} ({}); retrying in {:.1f}s", r.name, phase, error, delay)
-        if r.timer is not None:
-            r.timer.cancel()
-        r.timer = asyncio.get_running_loop().call_later(delay, self._wake.set)
+        if r.retry_timer is not None:
+            r.retry_timer.cancel()
+        r.retry_timer = asyncio.get_running_loop().call_later(delay, self._wake)
 
-    async def _stop(self, r: _Runner, why: str) -> None:
-        task, ctx = r.task, r.ctx
-        if task is None:
-            return
-        if not r.stopping:
-            # Cancel once: a second cancel would interrupt the controller's own clean-up.
-            self._log.info("stopping controller {} ({})", r.name, why)
-            r.stopping = True
-            task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=self.stop_timeout)
-        if not done:
-            r.status.state = "stuck"
-            r.status.last_error = f"did not stop within {self.stop_timeout:g}s"
-            self._log.error("controller {} did not stop within {:g}s; it will not be restarted until it does",
-                            r.name, self.stop_timeout)
-            task.add_done_callback(lambda _: self._unstuck(r))
-        else:
-            r.status.state = "waiting"
-        r.task = None
-        r.ctx = None
+    def _cancel(self, r: _Runner, why: str) -> None:
+        task = r.task
+        if task is None or task.done() or r.stopping:
+            return  # cancel once: a second cancel would interrupt the controller's own clean-up
+        self._log.info("stopping controller {} ({})", r.name, why)
+        r.stopping = True
+        r.status.state = "stopping"
         r.status.running_since = None
-        if ctx is not None:
-            await ctx.release()
-        self._m.stops.labels(self.name, r.name).inc()
+        task.cancel()
+        r.stuck_timer = asyncio.get_running_loop().call_later(self.stop_timeout, self._stuck, r, task)
 
-    def _unstuck(self, r: _Runner) -> None:
-        if r.status.state == "stuck":
-            r.status.state = "waiting"
-            self._wake.set()
+    async def _stop_all(self, runners: list[_Runner], why: str) -> None:
+        """Cancel the instances of ``runners`` and wait, together, up to ``stop_timeout`` for them to end."""
+        for r in runners:
+            self._cancel(r, why)
+        tasks = [r.task for r in runners if r.task is not None and not r.task.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.stop_timeout)
+        for r in runners:
+            if r.task is not None:
+                self._stuck(r, r.task)
+
+    def _stuck(self, r: _Runner, task: asyncio.Task[None]) -> None:
+        if r.task is not task or task.done() or r.status.state == "stuck":
+            return
+        r.status.state = "stuck"
+        r.status.last_error = f"did not stop within {self.stop_timeout:g}s"
+        self._log.error("controller {} did not stop within {:g}s; it will not be restarted until it does",
+                        r.name, self.stop_timeout)
+
+    def _ended(self, r: _Runner, task: asyncio.Task[None]) -> None:
+        if r.task is task:
+            if r.stuck_timer is not None:
+                r.stuck_timer.cancel()
+                r.stuck_timer = None
+            if r.stopping:
+                r.stopping = False
+                r.status.state = "waiting"
+        self._wake()

@@ -1,14 +1,17 @@
-"""ControllerManager against a fake InformerSource (real, unstarted informers marked synced by hand)."""
+"""ControllerManager against a fake InformerSource whose informers are real ones fed by the test."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from controllers import ControllerManager, ManagedController
+from controllers import (
+    Controller, ControllerManager, ItemExponentialFailureRateLimiter, ManagedController,
+)
 from informers import GVR, Backoff, FuncHandler, Notifier, SharedIndexInformer
 from informers.metrics import InformerMetrics
 
@@ -16,10 +19,46 @@ A, B = GVR("a.example.com", "v1", "as"), GVR("b.example.com", "v1", "bs")
 _METRICS = InformerMetrics.for_registry(CollectorRegistry())
 
 
+def obj(name, ns="ns", rv="1", labels=None, owners=()):
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels or {},
+                         "ownerReferences": [{"kind": "Owner", "name": o} for o in owners]}}
+
+
+class LocalInformer(SharedIndexInformer):
+    """A real informer whose cache the test feeds (``replace``/``apply``) in place of a reflector. Its handler
+    tasks run, so removing a handler yields to the loop as on a live informer; ``remove_delay`` makes that
+    removal slower, and ``removals`` records, per removal, whether the informer was already being stopped."""
+
+    def __init__(self, gvr):
+        super().__init__(None, gvr, metrics=_METRICS)
+        self.reflector.run = asyncio.Event().wait  # no API server: the test is the reflector
+        self.remove_delay = 0.0
+        self.removals = []
+        self.start()
+
+    async def remove_event_handler(self, registration):
+        if registration in self.registrations:
+            self.removals.append(self._stopped)
+            await asyncio.sleep(self.remove_delay)
+        await super().remove_event_handler(registration)
+
+
 class FakeSource:
-    def __init__(self) -> None:
+    """An InformerSource behaving like the discovering factory: ``remove`` awaits the removal hooks (offered
+    only when ``hooks``) while no longer listing the GVR, then stops and drops the informer, then notifies."""
+
+    def __init__(self, hooks=True):
         self.notifier = Notifier()
-        self.current: dict[GVR, SharedIndexInformer] = {}
+        self.current: dict[GVR, LocalInformer] = {}
+        self.removing: set[GVR] = set()
+        self.made: list[LocalInformer] = []
+        self.hooks = []
+        if hooks:
+            self.add_removal_hook = self._add_removal_hook
+
+    def _add_removal_hook(self, hook):
+        self.hooks.append(hook)
+        return lambda: self.hooks.remove(hook)
 
     def subscribe(self, id):
         return self.notifier.subscribe(id)
@@ -28,13 +67,17 @@ class FakeSource:
         self.notifier.unsubscribe(id)
 
     def informers(self):
-        synced = {g: i for g, i in self.current.items() if i.has_synced()}
-        return synced, [g for g in self.current if g not in synced]
+        listed = {g: i for g, i in self.current.items() if g not in self.removing}
+        synced = {g: i for g, i in listed.items() if i.has_synced()}
+        return synced, [g for g in listed if g not in synced]
 
-    def add(self, gvr, synced=True):
-        inf = SharedIndexInformer(None, gvr, metrics=_METRICS)  # never started: no client needed
+    def add(self, gvr, synced=True, objects=()):
+        """Serve ``gvr`` with a new informer (the one in place, if any, is dropped without a hook, as when a
+        GVR is removed and re-added within one notification)."""
+        inf = LocalInformer(gvr)
+        self.made.append(inf)
         if synced:
-            inf.replace([], "1")
+            inf.replace(list(objects), "1")
         self.current[gvr] = inf
         self.notifier.notify_all()
         return inf
@@ -45,13 +88,40 @@ class FakeSource:
             inf.replace([], "1")
             self.notifier.notify_all()
 
-    def remove(self, gvr):
-        if self.current.pop(gvr, None) is not None:
-            self.notifier.notify_all()
+    async def remove(self, gvr):
+        inf = self.current.get(gvr)
+        if inf is None:
+            return
+        self.removing.add(gvr)
+        await asyncio.gather(*(hook(gvr) for hook in self.hooks))
+        self.removing.discard(gvr)
+        del self.current[gvr]
+        await inf.stop()
+        self.notifier.notify_all()
+
+    async def close(self):
+        for inf in self.made:
+            await inf.stop()
+
+
+@pytest.fixture
+async def sources():
+    """Makes FakeSources; afterwards stops their informers and checks that the test left no task behind."""
+    before = asyncio.all_tasks()
+    made = []
+
+    def make(hooks=True):
+        made.append(FakeSource(hooks))
+        return made[-1]
+
+    yield make
+    for s in made:
+        await s.close()
+    assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
 
 
 class Probe:
-    """A controller whose instances record creates, concurrent runs and exits."""
+    """A controller whose instances record creates, contexts, concurrent runs and exits."""
 
     def __init__(self, name, stop_delay=0.0, create_errors=0, exit_after=None):
         self.name = name
@@ -62,9 +132,11 @@ class Probe:
         self.create_errors = create_errors
         self.exit_after = exit_after
         self.registered = []
+        self.contexts = []
 
     def create(self, ctx):
         self.creates += 1
+        self.contexts.append(ctx)
         if self.create_errors:
             self.create_errors -= 1
             raise RuntimeError("create failed")
@@ -81,7 +153,7 @@ class Probe:
                     return
                 await asyncio.Event().wait()
             finally:
-                await asyncio.shield(asyncio.sleep(self.stop_delay))
+                await asyncio.shield(asyncio.sleep(self.stop_delay))  # ignores cancellation this long
                 self.running -= 1
         return start
 
@@ -91,21 +163,28 @@ def fast_backoff():
 
 
 async def settle(cond, timeout=5.0):
-    for _ in range(int(timeout / 0.005)):
-        if cond():
-            return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"not settled within {timeout}s")
         await asyncio.sleep(0.005)
-    raise AssertionError("not settled")
+
+
+async def nothing_within(cond, seconds):
+    """Fail if ``cond`` becomes true within ``seconds`` (how an absence is checked)."""
+    with pytest.raises(AssertionError, match="not settled"):
+        await settle(cond, seconds)
 
 
 def manager(source, probes, **kw):
     specs = {p.name: ManagedController(req, p.create) for p, req in probes}
-    return ControllerManager("test", source, specs, backoff=fast_backoff,
-                             metrics_registry=CollectorRegistry(), **kw)
+    kw.setdefault("backoff", fast_backoff)
+    return ControllerManager("test", source, specs, metrics_registry=CollectorRegistry(), **kw)
 
 
-async def test_starts_only_when_all_required_are_synced_and_stops_when_one_goes():
-    src = FakeSource()
+async def test_starts_only_when_all_required_are_synced_and_stops_when_one_goes(sources):
+    src = sources()
     one, two = Probe("one"), Probe("two")
     m = manager(src, [(one, [A]), (two, [A, B])])
     assert m.name == "syncer-controller-manager-test"
@@ -113,26 +192,24 @@ async def test_starts_only_when_all_required_are_synced_and_stops_when_one_goes(
     src.add(B, synced=False)
     await m.start()
     try:
-        await settle(lambda: one.running == 1)
-        await asyncio.sleep(0.05)
-        assert two.running == 0
-        assert m.status()["two"].not_synced == [str(B)]
+        await settle(lambda: one.running == 1 and m.status()["two"].not_synced == [str(B)])
+        assert two.creates == 0 and m.status()["two"].state == "waiting"
         src.sync(B)
         await settle(lambda: two.running == 1)
-        src.remove(B)
+        await src.remove(B)
         await settle(lambda: two.running == 0)
-        assert one.running == 1 and m.status()["two"].missing == [str(B)]
+        assert one.running == 1 and m.status()["two"].missing == [f"{B} (not served)"]
         src.add(B)
         await settle(lambda: two.running == 1)
         assert two.creates == 2  # fresh create on every start
         assert m.status()["two"].restarts == 1
     finally:
-        await m.stop()
-    assert one.running == two.running == 0
+        assert await m.stop() == []
+    assert one.running == two.running == 0 and m.alive() == []
 
 
-async def test_create_errors_and_early_exits_are_retried_with_backoff():
-    src = FakeSource()
+async def test_create_errors_and_early_exits_are_retried_with_backoff(sources):
+    src = sources()
     flaky, quitter = Probe("flaky", create_errors=2), Probe("quitter", exit_after=0.01)
     m = manager(src, [(flaky, [A]), (quitter, [A])])
     src.add(A)
@@ -148,94 +225,246 @@ async def test_create_errors_and_early_exits_are_retried_with_backoff():
         await m.stop()
 
 
-async def test_slow_stop_never_overlaps_and_handlers_are_removed():
-    src = FakeSource()
-    slow = Probe("slow", stop_delay=0.2)
-    m = manager(src, [(slow, [A, B])])
+async def test_a_failure_waits_its_backoff_even_if_a_pass_runs_during_the_release(sources):
+    # Defect: the instance was forgotten before its handlers were released and the failure recorded, so a pass
+    # during the release started the next instance at once, which the late failure then marked "backoff" for good.
+    src = sources()
+    inf = src.add(A)
+    inf.remove_delay = 0.2
+    quitter = Probe("quitter", exit_after=0.0)
+    m = manager(src, [(quitter, [A])], backoff=lambda: Backoff(initial=0.5, cap=0.5, jitter=0.0))
+    loop = asyncio.get_running_loop()
+    await m.start()
+    try:
+        await settle(lambda: inf.removals == [False])  # the first instance returned and is releasing its handler
+        exited = loop.time()
+        src.notifier.notify_all()  # a pass now
+        await settle(lambda: quitter.creates == 2)
+        assert loop.time() - exited >= 0.45
+        await settle(lambda: m.status()["quitter"].state == "running")
+        assert m.health() == [{"name": "quitter", "healthy": True, "message": ""}]
+    finally:
+        await m.stop()
+
+
+async def test_stops_are_concurrent_and_do_not_hold_back_other_starts(sources):
+    src = sources(hooks=False)
+    slow1, slow2, other = Probe("slow1", stop_delay=1.0), Probe("slow2", stop_delay=1.0), Probe("other")
+    m = manager(src, [(slow1, [A]), (slow2, [A]), (other, [B])])
     src.add(A)
+    src.add(B, synced=False)
+    await m.start()
+    try:
+        await settle(lambda: slow1.running == slow2.running == 1)
+        await src.remove(A)
+        src.sync(B)  # the same pass stops two slow controllers and may start another
+        await settle(lambda: other.running == 1, 0.5)
+        assert m.status()["slow1"].state == m.status()["slow2"].state == "stopping"
+        await settle(lambda: slow1.running == slow2.running == 0, 1.6)  # together: 1 s, not 2
+    finally:
+        await m.stop()
+
+
+async def test_stopping_during_an_async_create_releases_its_handlers(sources):
+    src = sources()
+    inf = src.add(A)
+    entered = asyncio.Event()
+
+    async def create(ctx):
+        ctx.add_event_handler(A, FuncHandler(name="half-made"))
+        entered.set()
+        await asyncio.Event().wait()
+
+    m = ControllerManager("test", src, {"hang": ManagedController([A], create)}, backoff=fast_backoff,
+                          metrics_registry=CollectorRegistry())
+    await m.start()
+    await asyncio.wait_for(entered.wait(), 5)
+    assert len(inf.registrations) == 1
+    state_before = m.status()["hang"].state
+    stuck = await m.stop()
+    assert inf.registrations == []
+    assert state_before == "starting" and stuck == [] and m.status()["hang"].state == "waiting"
+
+
+async def test_a_hung_create_times_out_is_retried_and_blocks_nobody(sources):
+    src = sources()
+    a_inf = src.add(A)
     src.add(B)
+    hung_creates = 0
+
+    async def hang(ctx):
+        nonlocal hung_creates
+        hung_creates += 1
+        ctx.add_event_handler(A, FuncHandler(name="hung"))
+        await asyncio.Event().wait()
+
+    gone, other = Probe("gone"), Probe("other")
+    specs = {"gone": ManagedController([B], gone.create), "hung": ManagedController([A], hang),
+             "other": ManagedController([A], other.create)}
+    m = ControllerManager("test", src, specs, start_timeout=0.3, backoff=fast_backoff,
+                          metrics_registry=CollectorRegistry())
+    await m.start()
+    try:
+        await settle(lambda: other.running == 1 and gone.running == 1, 1)  # listed after the hung one
+        assert m.status()["hung"].state == "starting"
+        await src.remove(B)  # listed before it: still follows its GVR
+        await settle(lambda: gone.running == 0 and m.status()["gone"].state == "waiting", 1)
+        await settle(lambda: hung_creates >= 2, 3)
+        hung = m.status()["hung"]
+        assert hung.failures >= 1 and hung.last_error == "create: TimeoutError: create() did not return within 0.3s"
+        assert hung.state in ("starting", "backoff")
+        assert len([r for r in a_inf.registrations if r.name == "hung"]) == 1  # the timed-out one's was released
+        passes = m.passes
+        src.notifier.notify_all()
+        await settle(lambda: m.passes > passes, 1)
+    finally:
+        await m.stop()
+
+
+async def test_reconcile_errors_show_in_the_status(sources):
+    src = sources()
+    src.add(A, objects=[obj("x")])
+
+    async def reconcile(req):
+        raise ValueError(f"cannot reconcile {req}")
+
+    def create(ctx):
+        return Controller("failing", reconcile, rate_limiter=ItemExponentialFailureRateLimiter(0.01, 0.02),
+                          metrics_registry=CollectorRegistry()).watch(A).run
+
+    m = ControllerManager("test", src, {"failing": ManagedController([A], create)},
+                          metrics_registry=CollectorRegistry())
+    await m.start()
+    try:
+        await settle(lambda: m.status()["failing"].reconciles.errors >= 3)
+        d = m.status()["failing"].as_dict()
+        assert d["state"] == "running" and d["healthy"]
+        assert d["reconcile_errors"] >= 3 and d["reconciles"] >= d["reconcile_errors"]
+        assert d["last_reconcile_error"] == "ValueError: cannot reconcile ns/x" and d["last_reconcile_error_at"] > 0
+    finally:
+        await m.stop()
+
+
+async def test_removal_hook_stops_dependent_controllers_before_the_informer_goes(sources):
+    src = sources()
+    a_inf = src.add(A)
+    slow, bystander = Probe("slow", stop_delay=0.2), Probe("bystander")
+    m = manager(src, [(slow, [A]), (bystander, [B])])
     await m.start()
     try:
         await settle(lambda: slow.running == 1)
-        a_inf = src.current[A]
-        assert len(a_inf.registrations) == 1
-        src.remove(B)
-        src.add(B)  # back at once: the old instance is still stopping
-        await settle(lambda: slow.creates == 2 and slow.running == 1)
-        assert slow.max_running == 1
-        # the first instance's handler left the surviving informer; only the new one's is there
-        assert len(a_inf.registrations) == 1 and a_inf.registrations[0] is slow.registered[-2]
+        await src.remove(A)
+        # stopped while the cache was whole, its handler removed by its own clean-up, not by the teardown;
+        # and not restarted on the informer being removed when its stop woke a pass
+        assert slow.running == 0 and a_inf.removals == [False] and slow.creates == 1
+        assert m.status()["slow"].state == "waiting"
+        src.add(A)
+        await settle(lambda: slow.running == 1 and slow.creates == 2)
     finally:
         await m.stop()
-    assert a_inf.registrations == []
+    assert src.hooks == []
 
 
-async def test_stuck_controller_is_reported_and_not_restarted_until_it_exits():
-    src = FakeSource()
-    stuck = Probe("stuck", stop_delay=0.3)
+async def test_the_fence_reaches_every_context(sources):
+    src = sources()
+    src.add(A)
+    p = Probe("p")
+
+    class Term:
+        def valid(self):
+            return True
+
+    term = Term()
+    m = manager(src, [(p, [A])], fence=term)
+    await m.start()
+    try:
+        await settle(lambda: p.running == 1)
+        assert p.contexts[-1].fence is term
+    finally:
+        await m.stop()
+
+
+async def test_stuck_controller_is_reported_and_not_restarted_until_it_exits(sources):
+    src = sources()
+    stuck = Probe("stuck", stop_delay=0.5)
     m = manager(src, [(stuck, [A])], stop_timeout=0.05)
     src.add(A)
     await m.start()
     try:
         await settle(lambda: stuck.running == 1)
-        src.remove(A)
-        await settle(lambda: m.status()["stuck"].state == "stuck")
+        await src.remove(A)
+        assert m.status()["stuck"].state == "stuck" and m.alive() == ["stuck"]
         assert not m.health()[0]["healthy"]
         src.add(A)
-        await asyncio.sleep(0.1)
+        await settle(lambda: m.status()["stuck"].missing == [])  # a pass saw A back
         assert stuck.creates == 1  # not while the old one still runs
         await settle(lambda: stuck.creates == 2 and stuck.running == 1)
         assert stuck.max_running == 1
     finally:
         await m.stop()
+        await settle(lambda: m.alive() == [])  # the second instance is as slow to stop
 
 
-async def test_replaced_informer_between_passes_restarts_the_controller():
-    src = FakeSource()
+async def test_stop_returns_the_controllers_still_alive_after_the_timeout(sources):
+    src = sources()
+    stuck, fine = Probe("stuck", stop_delay=0.5), Probe("fine")
+    m = manager(src, [(stuck, [A]), (fine, [A])], stop_timeout=0.05)
+    src.add(A)
+    await m.start()
+    await settle(lambda: stuck.running == fine.running == 1)
+    assert sorted(m.alive()) == ["fine", "stuck"]
+    assert await m.stop() == ["stuck"]
+    assert m.status()["stuck"].state == "stuck" and fine.running == 0
+    await settle(lambda: m.alive() == [] and m.status()["stuck"].state == "waiting")
+    assert stuck.running == 0
+
+
+async def test_replaced_informer_between_passes_restarts_the_controller(sources):
+    src = sources()
     p = Probe("p")
     m = manager(src, [(p, [A])])
     src.add(A)
     await m.start()
     try:
         await settle(lambda: p.running == 1)
-        src.current[A] = SharedIndexInformer(None, A, metrics=_METRICS)
-        src.current[A].replace([], "1")
-        src.notifier.notify_all()  # one tick for remove + re-add
+        src.add(A)  # removed and re-added within one tick: a new informer
         await settle(lambda: p.creates == 2 and p.running == 1)
+        assert p.contexts[-1].informers[A] is src.current[A]
     finally:
         await m.stop()
 
 
-OPS = st.lists(st.sampled_from(["add A", "sync A", "remove A", "add B", "sync B", "remove B", "yield"]),
-               max_size=25)
+OPS = st.lists(st.sampled_from(["add A", "sync A", "remove A", "replace A", "add B", "sync B", "remove B",
+                                "yield"]), max_size=25)
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(OPS)
-def test_random_flaps_converge_without_overlap_or_leaks(ops):
+@given(OPS, st.booleans())
+def test_random_flaps_converge_without_overlap_or_leaks(ops, hooks):
     async def scenario():
         before = asyncio.all_tasks()
-        src = FakeSource()
+        src = FakeSource(hooks)
         one, both = Probe("one", stop_delay=0.001), Probe("both")
         m = manager(src, [(one, [A]), (both, [A, B])])
         await m.start()
         for op in ops:
             verb, _, name = op.partition(" ")
             gvr = A if name == "A" else B
-            if verb == "add":
+            if verb == "add" and gvr not in src.current or verb == "replace":
                 src.add(gvr, synced=False)
             elif verb == "sync":
                 src.sync(gvr)
             elif verb == "remove":
-                src.remove(gvr)
+                await src.remove(gvr)
             await asyncio.sleep(0)
         synced, _ = src.informers()
         want_one, want_both = int(A in synced), int(A in synced and B in synced)
         await settle(lambda: one.running == want_one and both.running == want_both
                      and m.status()["one"].state == ("running" if want_one else "waiting"), 3)
         assert one.max_running <= 1 and both.max_running <= 1
-        await m.stop()
+        assert await m.stop() == []
         assert one.running == both.running == 0
+        await src.close()
         assert asyncio.all_tasks() - before == set()
 
     asyncio.run(scenario())
