@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import importlib.metadata
 import json
 import os
@@ -17,19 +16,26 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, Sequence
 
+import aiohttp
+import kubernetes
 from kubernetes.config.config_exception import ConfigException
+from loguru import logger
 
-from informers import ApiClient, DiscoveryClient, ResourceFilter
+from informers import ApiClient, ApiError, CredentialError, DiscoveryClient, ResourceFilter
 
 from .logs import setup_logging
 from .plugins import PluginError, load_plugins
-from .settings import Settings, SettingsError, load_settings
-from .testing.assets import AssetsError
-from .testing.controlplane import ControlPlane, ControlPlaneError
+from .settings import SETTINGS_ENV, Settings, SettingsError, load_settings
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+# The example plugin whose CRD the `run --local` hint suggests installing.
+_WIDGET_EXAMPLE = "examples.plugins.widget_status"
 
 
 class UsageError(Exception):
@@ -37,26 +43,46 @@ class UsageError(Exception):
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    path = args.settings or os.environ.get("SYNCER_SETTINGS") or None
+    path = args.settings or os.environ.get(SETTINGS_ENV) or None
+    options = {k: v for k in ("kubeconfig", "context") if (v := getattr(args, k, None))}
     try:
-        settings = load_settings(path)
+        return load_settings(path, options)
     except SettingsError as e:
         raise UsageError(str(e)) from None
-    changes = {k: v for k, v in (("kubeconfig", getattr(args, "kubeconfig", None)),
-                                 ("context", getattr(args, "context", None))) if v}
-    return dataclasses.replace(settings, **changes) if changes else settings
 
 
 def _client(settings: Settings) -> ApiClient:
+    """The API client the settings describe; credentials are loaded (and checked) but nothing connects."""
+    if settings.in_cluster:
+        where = "in-cluster configuration"
+    else:
+        # The kubeconfig setting was checked when the settings loaded; the fallbacks are checked here.
+        paths = settings.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        where = f"kubeconfig {paths}"
+        if not any(Path(p).expanduser().is_file() for p in paths.split(os.pathsep) if p):
+            origin = "" if settings.kubeconfig else " ($KUBECONFIG)" if "KUBECONFIG" in os.environ else " (default)"
+            raise UsageError(f"{where}{origin} does not exist; set the 'kubeconfig' setting or --kubeconfig, or "
+                             "in_cluster = true inside a pod")
     try:
         if settings.in_cluster:
             return ApiClient.in_cluster()
         return ApiClient.from_kubeconfig(settings.kubeconfig or None, settings.context or None)
     except Exception as e:  # the loader raises anything from ConfigException to TypeError on a bad file
-        where = "in-cluster configuration" if settings.in_cluster else \
-            f"kubeconfig {settings.kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'}"
+        contexts = _contexts(settings.kubeconfig) if settings.context and not settings.in_cluster else None
+        if contexts is not None and settings.context not in contexts:
+            raise UsageError(f"{where} has no context {settings.context!r} (it has: {', '.join(contexts) or 'none'});"
+                             " fix the 'context' setting or --context") from None
         what = str(e) if isinstance(e, (ConfigException, OSError)) else f"not a valid kubeconfig ({e})"
         raise UsageError(f"{where}: {what}; check the 'kubeconfig' / 'context' / 'in_cluster' settings") from None
+
+
+def _contexts(kubeconfig: str) -> list[str] | None:
+    """The context names of a kubeconfig (default: $KUBECONFIG or ~/.kube/config); None if it cannot be read."""
+    try:
+        contexts, _ = kubernetes.config.list_kube_config_contexts(kubeconfig or None)  # type: ignore[no-untyped-call]
+        return [str(c["name"]) for c in contexts]
+    except Exception:  # not a kubeconfig at all: the loader's own message says so
+        return None
 
 
 def _plugins(settings: Settings) -> dict[str, Any]:
@@ -64,29 +90,31 @@ def _plugins(settings: Settings) -> dict[str, Any]:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return load_plugins(settings.plugins, settings.plugin_settings)
+        return load_plugins(settings.plugins, settings.plugin_settings, settings.entry_point_plugins)
     except PluginError as e:
         raise UsageError(str(e)) from None
 
 
 # -- commands --------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runtime import StartupError, Syncer
+    from .runtime import ControllersStuck, StartupError, Syncer
 
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
     controllers = _plugins(settings)
     cp = None
     if args.local:
+        from .testing import AssetsError, ControlPlane, ControlPlaneError  # test tooling: only when asked for
+
         try:
             cp = ControlPlane().start()
         except (AssetsError, ControlPlaneError) as e:
             print(f"error: local control plane: {e}", file=sys.stderr)
             return 1
-        settings = dataclasses.replace(settings, kubeconfig=str(cp.kubeconfig), context="admin", in_cluster=False)
+        settings = replace(settings, kubeconfig=str(cp.kubeconfig), context="admin", in_cluster=False)
+        example = "apply -f examples/crds/widget.json" if _WIDGET_EXAMPLE in settings.plugins else "api-resources"
         print(f"local control plane at {cp.url}; kubeconfig: {cp.kubeconfig}\n"
-              f"  try: {cp.assets.kubectl} --kubeconfig {cp.kubeconfig} apply -f examples/crds/widget.json",
-              flush=True)
+              f"  try: {cp.assets.kubectl} --kubeconfig {cp.kubeconfig} {example}", flush=True)
     try:
         client = _client(settings)
 
@@ -95,7 +123,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-            await Syncer(settings, client, controllers, identity=args.identity).run(stop)
+            try:
+                await Syncer(settings, client, controllers, identity=args.identity).run(stop)
+            except ControllersStuck as e:
+                # asyncio.run would wait forever for the tasks that ignore their cancellation: leave now.
+                print(f"error: {e}", file=sys.stderr, flush=True)
+                os._exit(1)
 
         try:
             asyncio.run(main())
@@ -109,16 +142,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    setup_logging(settings.log_level, settings.log_format)
     controllers = _plugins(settings)
+    client = _client(settings)
+    rules = ResourceFilter(settings.include, settings.exclude)
+    for name, controller in sorted(controllers.items()):
+        for gvr in controller.required_gvrs:
+            why = rules.why_rules_exclude(gvr)
+            if why:
+                logger.warning("controller {} requires {}, which the settings exclude ({}): it would wait forever; "
+                               "add it to 'include' or remove it from 'exclude'", name, gvr, why)
     print(json.dumps(settings.masked(), indent=2, default=str))
     print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}")
+    print(f"credentials OK: API server {client.host} (not contacted)")
     return 0
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
     settings = _settings(args)
     client = _client(settings)
-    rules = ResourceFilter(settings.include, settings.exclude, namespaced_only=bool(settings.namespace))
+    rules = ResourceFilter(settings.include, settings.exclude, namespaced_only=bool(settings.namespace),
+                           preferred_version_only=settings.preferred_version_only)
 
     async def main() -> list[Any]:
         async with client:
@@ -127,7 +171,15 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
     try:
         infos = asyncio.run(main())
-    except OSError as e:
+    except ApiError as e:
+        if e.status in (401, 403):
+            raise UsageError(f"the API server {client.host} refused discovery ({e}); check the credentials in "
+                             "the 'kubeconfig' / 'context' / 'in_cluster' settings") from None
+        print(f"error: discovery failed at {client.host}: {e}", file=sys.stderr)
+        return 1
+    except CredentialError as e:
+        raise UsageError(f"{e}; check the 'kubeconfig' / 'context' settings") from None
+    except (OSError, aiohttp.ClientError) as e:
         print(f"error: cannot reach the API server {client.host}: {e}", file=sys.stderr)
         return 1
     rows = [("GVR", "KIND", "SCOPE", "VERBS", "WATCHED")]
@@ -147,17 +199,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             doc = json.load(resp)
+        header = (f"identity {doc['identity']}  ready={doc['ready']}  leader={doc['leader']}  "
+                  f"lease holder={doc.get('lease_holder') or '-'}\n")
+        controllers = [(c["name"], c["state"], str(c.get("restarts", 0)),
+                        ",".join(c.get("missing", []) + c.get("not_synced", [])), c.get("last_error", ""))
+                       for c in doc["controllers"]]
+        gvrs = [(g["gvr"], g["state"], g["source"], g["reason"]) for g in doc["gvrs"] if g["state"] != "excluded"]
     except (urllib.error.URLError, OSError) as e:
         print(f"error: no syncer answering at {url}: {e}", file=sys.stderr)
         return 1
-    print(f"identity {doc['identity']}  ready={doc['ready']}  leader={doc['leader']}  "
-          f"lease holder={doc.get('lease_holder') or '-'}\n")
-    _table([("CONTROLLER", "STATE", "RESTARTS", "WAITING FOR", "LAST ERROR")] + [
-        (c["name"], c["state"], str(c.get("restarts", 0)), ",".join(c.get("missing", []) + c.get("not_synced", [])),
-         c.get("last_error", "")) for c in doc["controllers"]])
+    except (ValueError, KeyError, TypeError) as e:  # something else answers there
+        print(f"error: {url} did not answer with a syncer status ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
+    print(header)
+    _table([("CONTROLLER", "STATE", "RESTARTS", "WAITING FOR", "LAST ERROR"), *controllers])
     print()
-    _table([("GVR", "STATE", "SOURCE", "REASON")] + [
-        (g["gvr"], g["state"], g["source"], g["reason"]) for g in doc["gvrs"] if g["state"] != "excluded"])
+    _table([("GVR", "STATE", "SOURCE", "REASON"), *gvrs])
     return 0
 
 
@@ -171,6 +228,8 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_controlplane(args: argparse.Namespace) -> int:
+    from .testing import AssetsError, ControlPlane, ControlPlaneError  # test tooling: only when asked for
+
     try:
         cp = ControlPlane(extra_apiserver_flags=args.apiserver_flag).start()
     except (AssetsError, ControlPlaneError) as e:
@@ -201,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_settings(p: argparse.ArgumentParser, cluster: bool = True) -> argparse.ArgumentParser:
-        p.add_argument("--settings", metavar="FILE", help="settings TOML file (default: $SYNCER_SETTINGS)")
+        p.add_argument("--settings", metavar="FILE", help=f"settings TOML file (default: ${SETTINGS_ENV})")
         if cluster:
             p.add_argument("--kubeconfig", help="kubeconfig file (overrides the setting)")
             p.add_argument("--context", help="kubeconfig context (overrides the setting)")
@@ -211,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--local", action="store_true", help="start a local control plane and run against it")
     run.add_argument("--identity", help="leader-election identity (default: hostname_uuid)")
     run.set_defaults(func=cmd_run)
-    with_settings(sub.add_parser("check-config", help="validate settings and plugins, print the effective "
-                                 "settings"), cluster=False).set_defaults(func=cmd_check_config)
+    with_settings(sub.add_parser("check-config", help="check settings, plugins and credentials without "
+                                 "connecting; print the effective settings")).set_defaults(func=cmd_check_config)
     with_settings(sub.add_parser("discover", help="list served GVRs and whether they would be watched")
                   ).set_defaults(func=cmd_discover)
     status = with_settings(sub.add_parser("status", help="show a running sidecar's status"), cluster=False)
@@ -225,7 +284,17 @@ def main(argv: list[str] | None = None) -> int:
     cp.set_defaults(func=cmd_controlplane)
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
+        return code
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C before the command installed its own handling (e.g. while starting)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`syncer discover | head`): stop quietly, as Unix tools do. Point stdout at
+        # /dev/null so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

@@ -2,8 +2,16 @@
 
 Order: HTTP endpoints first (so probes answer), then the API server connection (retried with backoff while
 ``/readyz`` says not ready), then discovery (``/readyz`` turns ready, on standby replicas too), then, on the
-leader only, the ControllerManager. Losing the lease stops the controllers and rejoins the election; a stop
-request (SIGTERM/SIGINT) stops controllers, releases the lease and shuts informers down.
+leader only, the ControllerManager. A stop request (SIGTERM/SIGINT) stops controllers, releases the lease and
+shuts informers down.
+
+Each leadership term is a fence (see ``leader.py``): controllers get it in their context, check it before every
+work item and write through a client that refuses writes once it is closed. When the term ends, the controllers
+are stopped, and the replica rejoins the election only once every one of them has stopped. A controller still
+running ``stop_timeout`` later (it swallowed the cancellation) makes the process exit with code 1 and a line
+naming it, without releasing the lease, as controller-runtime does after ``gracefulShutdownTimeout``: a restart
+is the only way to be sure nothing of the old term acts next to the new leader. Background tasks run under a
+Supervisor; ``/healthz`` fails naming any that died or is wedged.
 """
 
 from __future__ import annotations
@@ -16,8 +24,13 @@ import tenacity
 from loguru import logger
 from prometheus_client import Counter, Gauge
 
-from controllers import ControllerManager, ManagedController
-from informers import ApiClient, ApiError, DiscoveringDynamicSharedInformerFactory, ResourceFilter
+from controllers import OPEN, ControllerManager, Fence, ManagedController
+from informers import (
+    ApiClient, ApiError, CredentialError, DiscoveringDynamicSharedInformerFactory, DiscoveryForbidden, ResourceFilter,
+    Supervisor,
+)
+from informers.client import CONNECTION_ERRORS
+from informers.wait import wait_first
 
 from .http import StatusServer
 from .leader import LeaderElector, default_identity
@@ -25,7 +38,7 @@ from .settings import Settings
 
 _LEADER = Gauge("syncer_is_leader", "1 while this replica holds the lease (or election is off).")
 _LEADERSHIPS = Counter("syncer_leadership_acquired_total", "Times this replica became leader.")
-_CONNECT_ERRORS = (OSError, TimeoutError, ApiError)
+_CONNECT_ERRORS = (*CONNECTION_ERRORS, ApiError)
 # asyncio gives every TLS connection a 256 KiB read buffer, and every watch is one connection: with hundreds of
 # informers that buffer is most of their memory (335 KiB per idle informer measured, 91 KiB with 16 KiB buffers;
 # bench/RESULTS-discovery.md). 16 KiB is the largest TLS record, so reads lose nothing that matters. The setting
@@ -43,6 +56,10 @@ class StartupError(Exception):
     """The process cannot start (e.g. its HTTP address is taken); the message says which setting to fix."""
 
 
+class ControllersStuck(Exception):
+    """Controllers of an ended term did not stop in time: the process must exit (the message names them)."""
+
+
 class Syncer:
     """One sidecar process: ``await run(stop)`` returns when ``stop`` is set and everything is shut down."""
 
@@ -57,7 +74,9 @@ class Syncer:
         self.manager: ControllerManager | None = None
         self.elector = (LeaderElector(client, settings.leader_election, self.identity)
                         if settings.leader_election.enabled else None)
+        self.supervisor = Supervisor("syncer")
         self.http = StatusServer(settings.http_bind, self.status, self.health, lambda: self.ready)
+        self._stuck: list[str] = []
         self._log = logger.bind(identity=self.identity)
 
     # -- views -------------------------------------------------------------------------------------------
@@ -74,17 +93,20 @@ class Syncer:
             "ready": self.ready,
             "leader": self.leading,
             "leader_election": self.settings.leader_election.enabled,
-            "lease_holder": self.elector.observed_holder if self.elector else self.identity,
+            "lease_holder": self.elector.observed_holder if self.elector else None,
             "gvrs": [s.as_dict() for s in self.factory.status()] if self.factory else [],
             "controllers": ([s.as_dict() for s in manager.status().values()] if manager else
                             [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.controllers]),
+            "tasks": [h.as_dict() for h in self.supervisor.health()],
         }
 
     def health(self) -> tuple[bool, list[dict[str, Any]]]:
-        """Liveness of the controllers: unhealthy if any is stuck or failing."""
-        if self.manager is None:
-            return True, []
-        items = self.manager.health()
+        """Liveness: unhealthy if a controller is stuck or failing, or a background task died or is wedged."""
+        items = [{"name": f"task {h.name}", "healthy": False,
+                  "message": "wedged" if h.wedged else f"{h.state.value}: {h.last_error}"}
+                 for h in self.supervisor.problems()]
+        if self.manager is not None:
+            items += self.manager.health()
         return all(i["healthy"] for i in items), items
 
     # -- run ---------------------------------------------------------------------------------------------
@@ -108,7 +130,11 @@ class Syncer:
                     await self._shutdown()
             except TimeoutError:
                 self._log.error("shutdown did not finish within {:g}s", self.settings.shutdown_timeout)
+            await self.supervisor.stop()
             await self.http.stop()
+        if self._stuck:
+            raise ControllersStuck(f"controller(s) {', '.join(self._stuck)} did not stop within "
+                                   f"{self._stop_timeout():g}s at shutdown; the lease was not released")
 
     async def _connect(self) -> None:
         async for attempt in tenacity.AsyncRetrying(
@@ -120,32 +146,56 @@ class Syncer:
                 rs.next_action.sleep if rs.next_action else 0),
         ):
             with attempt:
-                version = await self.client.request("GET", "/version", timeout=10)
+                try:
+                    version = await self.client.request("GET", "/version", timeout=10)
+                except CredentialError as e:  # retrying a failing or hanging credential plugin helps nobody
+                    raise StartupError(f"{e}; check the 'kubeconfig' / 'context' settings") from None
+                except ApiError as e:
+                    if e.status in (401, 403):
+                        raise StartupError(_refused(self.client.host, e)) from None
+                    raise
         self._log.info("connected to {} (Kubernetes {})", self.client.host, version.get("gitVersion", "?"))
 
     async def _discover(self) -> None:
         s = self.settings
         self.factory = DiscoveringDynamicSharedInformerFactory(
-            self.client, filter=ResourceFilter(s.include, s.exclude), namespace=s.namespace or None,
-            rediscovery_interval=s.rediscovery_interval, check_permissions=s.check_permissions)
-        await self.factory.start()
+            self.client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
+            namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
+            check_permissions=s.check_permissions, supervisor=self.supervisor)
+        try:
+            await self.factory.start()
+        except DiscoveryForbidden as e:
+            raise StartupError(f"{e}; check the 'kubeconfig' / 'context' / 'in_cluster' settings") from None
+        except CredentialError as e:
+            raise StartupError(f"{e}; check the 'kubeconfig' / 'context' settings") from None
         synced, pending = self.factory.informers()
         self.ready = True
         self._log.info("discovery done: {} informers ({} synced); ready", len(synced) + len(pending), len(synced))
 
+    def _stop_timeout(self) -> float:
+        """How long the controllers of an ended term may take to stop: with election, no longer than the margin
+        before a standby may take the lease (``lease_duration - renew_deadline``)."""
+        timeout = self.settings.shutdown_timeout / 2
+        if self.elector is not None:
+            le = self.settings.leader_election
+            timeout = min(timeout, le.lease_duration - le.renew_deadline)
+        return timeout
+
     async def _lead_while(self, stop: asyncio.Event) -> None:
         assert self.factory is not None
         while not stop.is_set():
+            fence: Fence = OPEN
             if self.elector is not None:
                 self._log.info("waiting to become leader of lease {}/{}", self.settings.leader_election.lease_namespace,
                                self.settings.leader_election.lease_name)
                 if not await _until(stop, self.elector.acquire()):
                     return
+                fence = self.elector.fence()
             manager = ControllerManager(
                 self.identity, self.factory, self.controllers, client=self.client, workers=self.settings.workers,
-                resync_period=self.settings.resync or None, stop_timeout=self.settings.shutdown_timeout / 2)
-            async with asyncio.timeout(self.settings.start_timeout):
-                await manager.start()
+                resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(), fence=fence,
+                start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
+            await manager.start()
             self.manager = manager
             _LEADER.set(1)
             _LEADERSHIPS.inc()
@@ -157,18 +207,30 @@ class Syncer:
             finally:
                 self.manager = None
                 _LEADER.set(0)
-                await manager.stop()
+                stuck = await manager.stop()
+                if stuck:
+                    self._stuck = stuck
+                    message = (f"controller(s) {', '.join(stuck)} did not stop within {self._stop_timeout():g}s of "
+                               "the end of the leadership term; exiting so that no two leaders act (the lease is "
+                               "not released)")
+                    self._log.error(message)
+                    raise ControllersStuck(message)
 
     async def _shutdown(self) -> None:
         if self.manager is not None:
             manager, self.manager = self.manager, None
-            await manager.stop()
-        if self.elector is not None:
+            self._stuck = await manager.stop()
+        if self.elector is not None and not self._stuck:
             await self.elector.release()
         if self.factory is not None:
             await self.factory.shutdown()
         await self.client.close()
         self._log.info("stopped")
+
+
+def _refused(host: str, e: ApiError) -> str:
+    return (f"the API server {host} refused these credentials ({e.status} {e.reason or ''}".rstrip() +
+            f"): {e.message}; check the 'kubeconfig' / 'context' / 'in_cluster' settings")
 
 
 def _reason(e: BaseException | None) -> str:
@@ -179,17 +241,4 @@ def _reason(e: BaseException | None) -> str:
 
 async def _until(stop: asyncio.Event, work: Any) -> bool:
     """Run ``work`` until it finishes (True) or ``stop`` is set first (False, work cancelled)."""
-    task = asyncio.ensure_future(work)
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, stopper):
-            t.cancel()
-        results = await asyncio.gather(task, stopper, return_exceptions=True)
-    if task.cancelled() or isinstance(results[0], asyncio.CancelledError):
-        return False
-    if isinstance(results[0], BaseException):
-        raise results[0]
-    return True
-
+    return await wait_first(work, stop.wait()) == 0

@@ -502,3 +502,31 @@ def test_check_config_masks_and_discover_lists(tmp_path: Path, control_plane: Co
     assert "no: matches no include rule" in lines["secrets.v1"]
     code, out, _ = finish(syncer("version"))
     assert code == 0 and out.startswith("kube-syncer ")
+
+
+def test_a_required_gvr_the_settings_exclude_is_warned_about(tmp_path: Path, closed_kubeconfig: Path) -> None:
+    (tmp_path / "s.toml").write_text(f'kubeconfig = "{closed_kubeconfig}"\n'
+                                     'plugins = ["examples.plugins.configmap_mirror"]\n'
+                                     'include = ["core/namespaces"]\n')
+    code, out, err = finish(syncer("check-config", "--settings", str(tmp_path / "s.toml")))
+    assert code == 0, err
+    assert ("WARNING controller configmap-mirror requires configmaps.v1, which the settings exclude (matches no "
+            "include rule): it would wait forever; add it to 'include' or remove it from 'exclude'") in err
+
+
+def test_a_controller_waiting_because_of_the_settings_says_why(tmp_path: Path, control_plane: ControlPlane) -> None:
+    from tests.test_syncer import Sidecar
+
+    car = Sidecar(tmp_path, str(control_plane.kubeconfig), plugins=("examples.plugins.configmap_mirror",),
+                  extra='exclude = ["core/configmaps"]\n')
+    try:
+        why = "configmaps.v1 (excluded: excluded by rule core/*/configmaps)"
+        car.wait(lambda: any(why in c.get("missing", []) for c in car.status().get("controllers", [])),
+                 "the reason in /status")
+        car.wait(lambda: "controller configmap-mirror waits for configmaps.v1: excluded: excluded by rule "
+                         "core/*/configmaps" in car.log, "the reason in the log")
+        code, out, err = finish(syncer("status", "--url", f"http://127.0.0.1:{car.port}/status"))
+        assert code == 0 and why in out, out + err
+        assert car.log.count("waits for configmaps.v1") == 1
+    finally:
+        car.stop()
