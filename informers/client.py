@@ -1,8 +1,9 @@
 """ApiClient: an asyncio HTTP client for the Kubernetes API, configured by the ``kubernetes`` package.
 
-Configuration (kubeconfig with context selection, in-cluster service account, exec/token credentials and
-their refresh, client certificates, CA) is read by ``kubernetes.config``; requests go through one aiohttp
-session. Responses are decoded once with orjson into plain dicts.
+Configuration (kubeconfig with context selection, in-cluster service account, token credentials and their
+refresh, client certificates, CA) is read by ``kubernetes.config``; exec credential plugins are run by
+``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through one aiohttp session.
+Responses are decoded once with orjson into plain dicts.
 """
 
 from __future__ import annotations
@@ -10,17 +11,21 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import aiohttp
 import kubernetes
 import orjson
 
-from .errors import ApiError
+from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate, load_kubeconfig
+from .errors import ApiError, FenceError
 
 _JSON = "application/json"
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REFRESH_EVERY = 5.0
+# Failures below HTTP: the server was not reached, or the connection broke.
+CONNECTION_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 
 
 class ApiClient:
@@ -29,20 +34,31 @@ class ApiClient:
     Use as an async context manager or call ``close()``: it owns the HTTP session and its connections.
     """
 
-    def __init__(self, configuration: kubernetes.client.Configuration, connect_timeout: float = 10.0) -> None:
+    def __init__(self, configuration: kubernetes.client.Configuration, connect_timeout: float = 10.0,
+                 exec_plugin: ExecPlugin | None = None) -> None:
+        """``exec_plugin`` supplies the credential instead of ``configuration`` (see ``from_kubeconfig``)."""
         self.configuration = configuration
         self.host = configuration.host.rstrip("/")
+        self.exec_plugin = exec_plugin
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._session_cert: str | None = None
         self._next_refresh = 0.0
 
     # -- construction ------------------------------------------------------------------------------------
     @classmethod
-    def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> "ApiClient":
-        """Client for a kubeconfig file (default: ``$KUBECONFIG`` or ``~/.kube/config``) and context."""
+    def from_kubeconfig(cls, path: str | None = None, context: str | None = None,
+                        exec_timeout: float = DEFAULT_TIMEOUT) -> "ApiClient":
+        """Client for a kubeconfig file (default: ``$KUBECONFIG`` or ``~/.kube/config``) and context.
+
+        Loaded like ``kubernetes.config.load_kube_config`` except for a user's ``exec`` credential plugin, which
+        the package runs right here, synchronously and without a timeout. It runs on the first request instead,
+        at most ``exec_timeout`` seconds (``client.exec_plugin.timeout`` changes it later), and a plugin that
+        fails or hangs raises ``CredentialError`` there instead of leaving the client anonymous or hung.
+        """
         config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=path, context=context, client_configuration=config)  # type: ignore[no-untyped-call]
-        return cls(config)
+        plugin = load_kubeconfig(config, path, context, exec_timeout)
+        return cls(config, exec_plugin=plugin)
 
     @classmethod
     def in_cluster(cls) -> "ApiClient":
@@ -62,7 +78,12 @@ class ApiClient:
         if not self.host.startswith("https"):
             return False
         ctx = ssl.create_default_context(cafile=c.ssl_ca_cert) if c.ssl_ca_cert else ssl.create_default_context()
-        if c.cert_file:
+        credential = self.exec_plugin.current if self.exec_plugin is not None else None
+        # A client certificate from the exec plugin wins over the kubeconfig's, as in the kubernetes package.
+        self._session_cert = credential.client_cert if credential is not None else None
+        if self._session_cert is not None:
+            load_client_certificate(ctx, self._session_cert)
+        elif c.cert_file:
             ctx.load_cert_chain(c.cert_file, c.key_file)
         if not c.verify_ssl:
             # Only when the kubeconfig says insecure-skip-tls-verify.
@@ -86,6 +107,15 @@ class ApiClient:
             await self._session.close()
             self._session = None
 
+    def fenced(self, valid: Callable[[], bool], what: str = "the leadership term") -> "ApiClient":
+        """A view of this client (same session) that refuses every write once ``valid()`` is False.
+
+        The check is local and runs right before each request is sent, so a write prepared during a term is
+        never sent after it; reads are not fenced. ``close()`` on the view does nothing: this client owns the
+        connections.
+        """
+        return _FencedClient(self, valid, what)
+
     async def __aenter__(self) -> "ApiClient":
         return self
 
@@ -93,10 +123,14 @@ class ApiClient:
         await self.close()
 
     async def _headers(self) -> dict[str, str]:
+        if self.exec_plugin is not None:
+            return {"Accept": _JSON, **await self._exec_headers(self.exec_plugin)}
         c = self.configuration
         if c.refresh_api_key_hook is not None and time.monotonic() >= self._next_refresh:
-            # The hook may run an exec credential plugin (a subprocess): keep it off the event loop, and ask
-            # at most every few seconds (it only does work when the credential is about to expire).
+            # The hook re-reads the in-cluster token file, refreshes an auth-provider token (network), or, in a
+            # configuration loaded by kubernetes.config itself (from_configuration), runs an exec plugin: keep it
+            # off the event loop, and ask at most every few seconds (it only does work when the credential is
+            # about to expire).
             self._next_refresh = time.monotonic() + _REFRESH_EVERY
             await asyncio.to_thread(c.refresh_api_key_hook, c)
         headers = {"Accept": _JSON}
@@ -107,6 +141,42 @@ class ApiClient:
         elif c.username:
             headers["Authorization"] = aiohttp.BasicAuth(c.username, c.password or "").encode()
         return headers
+
+    async def _exec_headers(self, plugin: ExecPlugin, rejected: Credential | None = None) -> dict[str, str]:
+        """The Authorization header of the exec plugin's credential, running the plugin if needed.
+
+        A new client certificate only takes effect on new connections, so the session is replaced when it
+        changes; requests still on the old session fail and are retried by their callers (client-go, too,
+        closes every connection when an exec certificate rotates).
+        """
+        credential = await plugin.get(rejected)
+        if self._session is not None and credential.client_cert != self._session_cert:
+            old, self._session = self._session, None
+            await old.close()
+        return {"Authorization": f"Bearer {credential.token}"} if credential.token else {}
+
+    @asynccontextmanager
+    async def _send(self, method: str, url: str, headers: dict[str, str], guard: Callable[[], None] | None = None,
+                    **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+        """``session.request``, sent once more with a new exec credential when the server answers 401 to one.
+
+        client-go re-runs the plugin on 401 and fails the request; sending it again (a 401 means the server did
+        nothing) spares the caller an error when a token is revoked or rotated before its expiry. Only once:
+        a fresh credential that is rejected too makes the request fail with the 401.
+        """
+        plugin = self.exec_plugin
+        used = plugin.current if plugin is not None else None
+        if guard is not None:
+            guard()
+        async with self._get_session().request(method, url, headers=headers, **kwargs) as resp:
+            if resp.status != 401 or plugin is None:
+                yield resp
+                return
+        fresh = {k: v for k, v in headers.items() if k != "Authorization"} | await self._exec_headers(plugin, used)
+        if guard is not None:
+            guard()
+        async with self._get_session().request(method, url, headers=fresh, **kwargs) as resp:
+            yield resp
 
     # -- requests ----------------------------------------------------------------------------------------
     async def request(
@@ -127,6 +197,14 @@ class ApiClient:
         headers: Mapping[str, str] | None = None, timeout: float | None = 60.0,
     ) -> bytes:
         """Send one request and return the raw body; raise ApiError on an HTTP error."""
+        return await self._request_bytes(method, path, params, body, headers, timeout)
+
+    async def _request_bytes(
+        self, method: str, path: str, params: Mapping[str, str] | None = None, body: Any = None,
+        headers: Mapping[str, str] | None = None, timeout: float | None = 60.0, guard: Callable[[], None] | None = None,
+    ) -> bytes:
+        """``request_bytes``, calling ``guard()`` (which may raise) right before the request is handed to the
+        connection: after any credential refresh, so no await separates the check from the send."""
         hdrs = await self._headers()
         if headers:
             hdrs.update(headers)
@@ -134,11 +212,10 @@ class ApiClient:
         if body is not None:
             data = orjson.dumps(body)
             hdrs.setdefault("Content-Type", "application/merge-patch+json" if method == "PATCH" else _JSON)
-        session = self._get_session()
-        async with session.request(
-            method, self.host + path, params=params, data=data, headers=hdrs,
+        async with self._noting_answers(self._send(
+            method, self.host + path, params=params, data=data, headers=hdrs, guard=guard,
             timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self._connect_timeout),
-        ) as resp:
+        )) as resp:
             raw = await resp.read()
             if resp.status >= 400:
                 raise _error(resp, raw)
@@ -154,15 +231,95 @@ class ApiClient:
         instead of hanging forever.
         """
         hdrs = await self._headers()
-        session = self._get_session()
-        async with session.get(
-            self.host + path, params=params, headers=hdrs,
+        async with self._noting_answers(self._send(
+            "GET", self.host + path, params=params, headers=hdrs,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
                                           sock_read=inactivity_timeout),
-        ) as resp:
+        )) as resp:
             if resp.status >= 400:
                 raise _error(resp, await resp.read())
             yield _events(resp.content)
+
+    # -- "the server answered again" ---------------------------------------------------------------------
+    # Class-level defaults, shadowed per instance by the first change.
+    _unanswered = False  # a request failed with a CONNECTION_ERRORS since the last success
+    _recoveries = 0
+    _answered: asyncio.Event | None = None  # set and dropped on each recovery; created by the first waiter
+
+    @property
+    def recoveries(self) -> int:
+        """How many times a request has succeeded after one failed with a connection error."""
+        return self._recoveries
+
+    async def answered_again(self, since: int) -> None:
+        """Return once ``recoveries`` exceeds ``since`` (at once if it already does).
+
+        Lets a caller that backs off after a connection error retry as soon as any request of this client,
+        its own or another's, succeeds: read ``recoveries`` before the request that failed, then wait for this
+        or the backoff, whichever comes first.
+        """
+        while self._recoveries <= since:
+            if self._answered is None:
+                self._answered = asyncio.Event()
+            await self._answered.wait()
+
+    @asynccontextmanager
+    async def _noting_answers(
+        self, sending: AbstractAsyncContextManager[aiohttp.ClientResponse]
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """``sending``'s response; notes a connection error, or the first success after one (a ``recoveries``).
+
+        Only a success counts as the server answering again: a server still starting answers 403, 429 or 503
+        to some requests, and a proxy in front of one that is down answers 502 or 503.
+        """
+        try:
+            async with sending as resp:
+                if self._unanswered and resp.status < 300:
+                    self._unanswered = False
+                    self._recoveries += 1
+                    if self._answered is not None:
+                        self._answered.set()
+                        self._answered = None
+                yield resp
+        except CONNECTION_ERRORS:
+            self._unanswered = True
+            raise
+
+
+class _FencedClient(ApiClient):
+    """``ApiClient.fenced``: writes go through ``inner`` only while the fence holds."""
+
+    def __init__(self, inner: ApiClient, valid: Callable[[], bool], what: str) -> None:
+        super().__init__(inner.configuration, inner._connect_timeout)
+        self._inner, self._valid, self._what = inner, valid, what
+
+    async def request_bytes(
+        self, method: str, path: str, params: Mapping[str, str] | None = None, body: Any = None,
+        headers: Mapping[str, str] | None = None, timeout: float | None = 60.0,
+    ) -> bytes:
+        if method.upper() in _READ_METHODS:
+            return await self._inner.request_bytes(method, path, params, body, headers, timeout)
+
+        def guard() -> None:
+            if not self._valid():
+                raise FenceError(f"{method} {path} refused: {self._what} has ended")
+
+        guard()  # fail fast, before any credential refresh
+        return await self._inner._request_bytes(method, path, params, body, headers, timeout, guard)
+
+    def stream(self, path: str, params: Mapping[str, str],
+               inactivity_timeout: float | None = None) -> Any:
+        return self._inner.stream(path, params, inactivity_timeout)
+
+    @property
+    def recoveries(self) -> int:
+        return self._inner.recoveries
+
+    async def answered_again(self, since: int) -> None:
+        await self._inner.answered_again(since)
+
+    async def close(self) -> None:
+        return None
 
 
 async def _events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
@@ -202,4 +359,5 @@ def _error(resp: aiohttp.ClientResponse, raw: bytes) -> ApiError:
         body = None
     if isinstance(body, dict) and body.get("kind") == "Status":
         return ApiError.from_status(body, resp.status, retry_after)
-    return ApiError(resp.status, resp.reason or "", raw[:200].decode(errors="replace"), None, retry_after)
+    return ApiError.for_status_code(resp.status, resp.reason or "", raw[:200].decode(errors="replace"), None,
+                                    retry_after)

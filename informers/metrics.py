@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, Metric
 
 M = TypeVar("M", bound="MetricSet")
+_F = TypeVar("_F", Counter, Gauge)
 _sets: "weakref.WeakKeyDictionary[CollectorRegistry, dict[type, Any]]" = weakref.WeakKeyDictionary()
 
 
@@ -37,43 +38,60 @@ class _EventCollector:
         family = CounterMetricFamily("informer_events_total", "Watch events received, by type.",
                                      labels=["gvr", "type"])
         totals: dict[tuple[str, str], int] = {}
-        for owner, counts in list(self.metrics.event_counters.items()):
+        for gvr, counts in list(self.metrics._owners.values()):
             for typ, n in counts.items():
-                key = (str(getattr(owner, "gvr", owner)), typ)
-                totals[key] = totals.get(key, 0) + n
+                totals[(gvr, typ)] = totals.get((gvr, typ), 0) + n
         for (gvr, typ), n in sorted(totals.items()):
             family.add_metric([gvr, typ], n)
         yield family
 
 
 class InformerMetrics(MetricSet):
-    """The informer metric families; get the shared instance of a registry with ``InformerMetrics.for_registry``."""
+    """The informer metric families; get the shared instance of a registry with ``InformerMetrics.for_registry``.
+
+    Every family is labelled by GVR. The series of a GVR live while an informer of it does (from ``track`` to
+    ``forget``): a process that watches CRDs as they come and go would otherwise keep every GVR it ever saw on
+    /metrics. A GVR watched again starts its counters from zero, which Prometheus reads as a counter reset.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
-        self.lists = Counter("informer_lists_total", "LIST requests made (pages count once each).",
-                             ["gvr"], registry=registry)
-        self.watches = Counter("informer_watches_total", "WATCH requests opened.", ["gvr", "mode"],
-                               registry=registry)
-        self.relists = Counter("informer_relists_total", "Full resynchronisations from the server, by reason.",
-                               ["gvr", "reason"], registry=registry)
+        self._families: list[tuple[Counter | Gauge, tuple[str, ...]]] = []
+        self.lists = self._per_gvr(Counter, "informer_lists_total", "LIST requests made (pages count once each).")
+        self.watches = self._per_gvr(Counter, "informer_watches_total", "WATCH requests opened.", "mode")
+        self.relists = self._per_gvr(Counter, "informer_relists_total",
+                                     "Full resynchronisations from the server, by reason.", "reason")
         # Watch events are counted in plain integers on each reflector and exposed at scrape time: a
         # prometheus_client Counter.inc() per event would cost a sizeable part of handling the event.
-        self.event_counters: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
+        self._owners: "weakref.WeakKeyDictionary[Any, tuple[str, dict[str, int]]]" = weakref.WeakKeyDictionary()
         registry.register(_EventCollector(self))
-        self.errors = Counter("informer_errors_total", "List/watch failures, by kind.", ["gvr", "kind"],
-                              registry=registry)
-        self.resource_version = Gauge("informer_last_resource_version",
-                                      "Last resourceVersion seen (when numeric).", ["gvr"], registry=registry)
-        self.objects = Gauge("informer_objects", "Objects in the cache.", ["gvr"], registry=registry)
-        self.synced = Gauge("informer_synced", "1 once the informer has synced.", ["gvr"], registry=registry)
-        self.handler_queue_depth = Gauge("informer_handler_queue_depth", "Events waiting for one handler.",
-                                         ["gvr", "handler"], registry=registry)
+        self.errors = self._per_gvr(Counter, "informer_errors_total", "List/watch failures, by kind.", "kind")
+        self.resource_version = self._per_gvr(Gauge, "informer_last_resource_version",
+                                              "Last resourceVersion seen (when numeric).")
+        self.objects = self._per_gvr(Gauge, "informer_objects", "Objects in the cache.")
+        self.synced = self._per_gvr(Gauge, "informer_synced", "1 once the informer has synced.")
+        self.handler_queue_depth = self._per_gvr(Gauge, "informer_handler_queue_depth",
+                                                 "Events waiting for one handler.", "handler")
 
-    def forget(self, gvr: str) -> None:
-        """Drop the per-GVR gauges of a stopped informer (counters stay: they are monotonic)."""
-        for gauge in (self.resource_version, self.objects, self.synced):
-            try:
-                gauge.remove(gvr)
-            except KeyError:
-                pass
+    def _per_gvr(self, kind: type[_F], name: str, documentation: str, *labels: str) -> _F:
+        names = ("gvr", *labels)
+        family = kind(name, documentation, names, registry=self.registry)
+        self._families.append((family, names))
+        return family
+
+    def track(self, owner: object, gvr: str, event_counts: dict[str, int]) -> None:
+        """Count ``owner``'s watch events (``event_counts``, by type) under ``gvr``, and keep ``gvr``'s series
+        until ``owner`` and every other owner of ``gvr`` are forgotten."""
+        self._owners[owner] = (gvr, event_counts)
+
+    def forget(self, owner: object) -> None:
+        """Stop counting ``owner``'s events; if it was the last owner of its GVR, remove every series of the GVR
+        (no-op for an unknown or already forgotten owner)."""
+        entry = self._owners.pop(owner, None)
+        if entry is None or any(gvr == entry[0] for gvr, _ in self._owners.values()):
+            return
+        for family, names in self._families:
+            stale = {tuple(sample.labels[n] for n in names) for metric in family.collect()
+                     for sample in metric.samples if sample.labels.get("gvr") == entry[0]}
+            for values in stale:
+                family.remove(*values)

@@ -1,12 +1,31 @@
 """Reflector: keeps a sink in step with the server by list + watch, with client-go's recovery rules.
 
 - First sync by watch-list streaming (``sendInitialEvents``) when the server supports it, else a paged LIST
-  (``limit`` + ``continue``) at ``resourceVersion=0``; a relist asks for the last synced RV, and falls back to
-  ``""`` (a consistent read) when that RV has expired.
+  (``limit`` + ``continue``) at ``resourceVersion=0``. A relist, also the one after a 410 on a watch, asks for
+  the last synced RV (which means "not older than"), and falls back to ``""`` (a consistent read from etcd)
+  only when that request itself answers 410: after a compaction, every informer would otherwise make one.
+- Watch-list is given up for a GVR only when the server demonstrably lacks it: it refuses ``sendInitialEvents``,
+  or sends an ordinary bookmark before the initial-events-end one. A stream cut or timed out during the
+  initial events is retried like any failed watch.
 - WATCH from the last RV with bookmarks and a random server timeout; a normal end re-watches without a relist;
   410/Expired/too-large-RV relists; 429 re-watches after Retry-After; connection errors re-watch after a
   backoff; a watch that ends in under a second with no events counts as an error; a stream silent for
   ``inactivity_timeout`` is abandoned (half-open TCP) and re-opened.
+
+Where it differs from client-go, and why:
+
+- Recovery after an outage. client-go sleeps out a backoff that grew while the server was down (up to 60 s
+  with jitter), so informers come back up to a minute after the server. Here a reflector that backs off after
+  a connection error retries as soon as any request of the same ApiClient succeeds (another informer's, a
+  discovery GET; ``ApiClient.answered_again``), and starts its backoff afresh. So that someone asks even when
+  every informer sleeps a long backoff, one of the waiting reflectors of a client asks ``/readyz`` every
+  second: one request a second to a server that is down, however many informers there are.
+  Likewise the first answer after connection errors that is an error itself (typically the 410 that follows
+  an apiserver restart) is backed off from the start of the sequence, not from where the outage left it.
+  Each of these shortcuts is taken at most once per failure streak (until the next sync or normal watch end),
+  and API errors are never cut short, so a watch that keeps failing backs off as usual instead of spinning.
+- Nothing but cancellation ends ``run``: an error listener, the sink or the error handling itself raising is
+  logged, and the reflector carries on (client-go's equivalent, a panic, is also recovered and retried).
 """
 
 from __future__ import annotations
@@ -14,22 +33,27 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
-import aiohttp
 from loguru import logger
 
 from .backoff import Backoff
-from .client import ApiClient
+from .client import CONNECTION_ERRORS, ApiClient
 from .errors import ApiError
 from .gvr import GVR
 from .metrics import InformerMetrics
 from .store import Obj, object_key
+from .wait import wait_first
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 # Statuses with which a server that lacks watch-list streaming refuses ``sendInitialEvents``.
 _WATCH_LIST_REFUSED = {400, 405, 415, 422, 501}
+# While reflectors back off after connection errors, one of them per client asks this every _PROBE_INTERVAL.
+_PROBE_PATH = "/readyz"
+_PROBE_INTERVAL = 1.0
+_probe_locks: "weakref.WeakKeyDictionary[ApiClient, asyncio.Lock]" = weakref.WeakKeyDictionary()
 
 
 class ReflectorSink(Protocol):
@@ -58,7 +82,12 @@ class ReflectorOptions:
 
 
 class ShortWatchError(Exception):
-    """A watch closed almost at once without delivering anything: treated like an error (client-go)."""
+    """A watch that ended too soon: closed almost at once without delivering anything (client-go treats that
+    like an error), or a watch-list stream that ended before its initial events were complete."""
+
+
+class _WatchListIgnored(Exception):
+    """The server answered a watch-list request with a plain watch (an ordinary bookmark came first)."""
 
 
 class Reflector:
@@ -87,6 +116,8 @@ class Reflector:
         self._rv_unavailable = False
         self._need_list = True
         self._backoff = self.options.backoff()
+        self._unreachable = False  # the last failure was a connection error
+        self._shortcut_taken = False  # one early retry per failure streak: see the module docstring
         self._init_backoff = Backoff(initial=0.05, jitter=0.2)
         self._log = logger.bind(gvr=str(gvr))
         m = metrics or InformerMetrics.for_registry()
@@ -96,7 +127,7 @@ class Reflector:
         self._m_watches = m.watches
         self._m_errors = m.errors
         self.event_counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0, "BOOKMARK": 0}
-        m.event_counters[self] = self.event_counts
+        m.track(self, g, self.event_counts)
         m.resource_version.labels(g).set_function(self._numeric_rv)
         self._gvr_label = g
 
@@ -107,8 +138,9 @@ class Reflector:
             return 0.0
 
     async def run(self) -> None:
-        """List and watch until cancelled; never returns otherwise."""
+        """List and watch until cancelled; never returns otherwise, and raises nothing but CancelledError."""
         while True:
+            answers = self.client.recoveries  # before the attempt: a success elsewhere while it fails counts too
             try:
                 if self._need_list and self.use_watch_list is not False:
                     if await self._watch_list():
@@ -119,19 +151,30 @@ class Reflector:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # every failure is recovered from: that is the reflector's job
-                delay = self._handle_error(e)
-                await asyncio.sleep(delay)
+                try:
+                    delay = self._handle_error(e)
+                except Exception:
+                    self._log.opt(exception=True).error("handling a failure of {} failed; retrying in {:.1f}s",
+                                                        self.gvr, self._backoff.cap)
+                    delay = self._backoff.cap
+                await self._back_off(delay, answers)
 
     # -- errors ------------------------------------------------------------------------------------------
     def _handle_error(self, e: Exception) -> float:
         """Record ``e``, decide whether a relist is needed, and return the delay before the next attempt."""
         self.last_error = e
+        what = "list" if self._need_list else "watch"
+        unreachable = isinstance(e, CONNECTION_ERRORS)
+        if self._unreachable and not unreachable and not self._shortcut_taken:
+            # The server answers again: the backoff grew while it was down, not because of this error.
+            self._shortcut_taken = True
+            self._backoff.reset()
+        self._unreachable = unreachable
         delay = self._backoff.next()
         if isinstance(e, ApiError):
             kind = str(e.status)
             if e.is_gone:
                 kind = "expired"
-                self._rv_unavailable = True
                 self._require_relist("expired")
             elif e.status == 429:
                 delay = e.retry_after if e.retry_after is not None else delay
@@ -142,11 +185,10 @@ class Reflector:
             else:
                 self._require_relist(f"http_{e.status}")
             level = "WARNING" if e.status in (401, 403, 404) else "DEBUG" if "initializing" in e.message else "INFO"
-            self._log.log(level, "{} {} failed ({}); retrying in {:.1f}s", "list" if self._need_list else "watch",
-                          self.gvr, e, delay)
-        elif isinstance(e, (aiohttp.ClientError, OSError, TimeoutError)):
+            self._log.log(level, "{} {} failed ({}); retrying in {:.1f}s", what, self.gvr, e, delay)
+        elif unreachable:
             kind = "timeout" if isinstance(e, TimeoutError) else "connection"
-            self._log.info("watch of {} interrupted ({}: {}); retrying in {:.1f}s", self.gvr, kind,
+            self._log.info("{} of {} interrupted ({}: {}); retrying in {:.1f}s", what, self.gvr, kind,
                            e or type(e).__name__, delay)
         elif isinstance(e, ShortWatchError):
             kind = "short_watch"
@@ -161,6 +203,28 @@ class Reflector:
             self._on_error(e)
         return delay
 
+    async def _back_off(self, delay: float, answers: int) -> None:
+        """Sleep ``delay``; after a connection error, only until a request of the client succeeds (``answers``
+        is ``client.recoveries`` from before the failed attempt)."""
+        if not self._unreachable or self._shortcut_taken:
+            await asyncio.sleep(delay)
+        elif await wait_first(asyncio.sleep(delay), self.client.answered_again(answers), self._probe()) == 1:
+            self._shortcut_taken = True
+            self._backoff.reset()
+            self._log.info("the server answers again; retrying {} now", self.gvr)
+
+    async def _probe(self) -> None:
+        """Ask the server whether it is back, every _PROBE_INTERVAL, as one of the client's reflectors at a time
+        (the others queue on the lock and take over when this one's backoff ends). Never returns: its success
+        ends the backoff of every waiting reflector through ``answered_again``."""
+        async with _probe_locks.setdefault(self.client, asyncio.Lock()):
+            while True:
+                await asyncio.sleep(_PROBE_INTERVAL)
+                try:
+                    await self.client.request_bytes("GET", _PROBE_PATH, timeout=10 * _PROBE_INTERVAL)
+                except Exception:  # refused, not ready yet, a credential problem: the reflector's retry reports it
+                    pass
+
     def _require_relist(self, reason: str) -> None:
         if not self._need_list:
             self._need_list = True
@@ -168,6 +232,7 @@ class Reflector:
 
     def _succeeded(self) -> None:
         self.last_error = None
+        self._unreachable = self._shortcut_taken = False
         self._init_backoff.reset()
 
     # -- list --------------------------------------------------------------------------------------------
@@ -224,19 +289,31 @@ class Reflector:
                 "timeoutSeconds": str(random.randint(low, 2 * low))}
 
     async def _watch_list(self) -> bool:
-        """Sync by watch-list streaming; False if the server refused it (then the caller lists)."""
-        params = self._watch_params()
-        params.update(sendInitialEvents="true", resourceVersionMatch="NotOlderThan",
-                      resourceVersion="" if self._rv_unavailable else self.resource_version)
-        try:
-            await self._stream(params, initial=True)
-        except ApiError as e:
-            if self.use_watch_list is None and e.status in _WATCH_LIST_REFUSED:
+        """Sync by watch-list streaming; False if the server does not support it (then the caller lists)."""
+        while True:
+            rv = "" if self._rv_unavailable else self.resource_version
+            params = self._watch_params()
+            params.update(sendInitialEvents="true", resourceVersionMatch="NotOlderThan", resourceVersion=rv)
+            try:
+                await self._stream(params, initial=True)
+                return True
+            except ApiError as e:
+                if e.is_gone and rv and self._need_list:
+                    # As with a LIST: the last synced RV has expired, so stream the latest state at once.
+                    self._log.info("watch-list of {} at resourceVersion {} expired; streaming the latest",
+                                   self.gvr, rv)
+                    self._rv_unavailable = True
+                    continue
+                if self.use_watch_list is not None or e.status not in _WATCH_LIST_REFUSED:
+                    raise
                 self._log.info("server refused watch-list for {} ({}); using list + watch", self.gvr, e)
-                self.use_watch_list = False
-                return False
-            raise
-        return True
+            except _WatchListIgnored:
+                if self.use_watch_list is not None:
+                    raise
+                self._log.info("server ignores watch-list for {} (a bookmark came before the initial-events-end "
+                               "one); using list + watch", self.gvr)
+            self.use_watch_list = False
+            return False
 
     async def _watch(self) -> None:
         params = self._watch_params()
@@ -259,7 +336,10 @@ class Reflector:
                 if typ == "BOOKMARK":
                     counts["BOOKMARK"] += 1
                     meta = obj["metadata"]
-                    if pending is not None and (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                    if pending is not None:
+                        # A server that streams initial events marks its first bookmark as their end.
+                        if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
+                            raise _WatchListIgnored()
                         self.sink.replace(list(pending.values()), meta["resourceVersion"])
                         pending = None
                         self._rv_unavailable = False
@@ -282,9 +362,8 @@ class Reflector:
                 sink_apply(typ, obj)
                 self.resource_version = obj["metadata"]["resourceVersion"]
         if pending is not None:
-            if self.use_watch_list is None:
-                # A server that ignores sendInitialEvents never sends the end marker: stop trying it.
-                self.use_watch_list = False
+            # Typically the server's timeoutSeconds came before the end of a large initial set: that says
+            # nothing about support, so the next attempt streams again.
             raise ShortWatchError(f"watch-list of {self.gvr} ended before its initial events were complete")
         if count == 0 and time.monotonic() - started < self.options.short_watch:
             raise ShortWatchError(f"very short watch of {self.gvr}: closed within "

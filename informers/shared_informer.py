@@ -221,12 +221,20 @@ class SharedIndexInformer:
         self.store.add_indexers(indexers)
 
     def add_error_listener(self, listener: Callable[[Exception], None]) -> None:
-        """Call ``listener(exc)`` on every list/watch failure (e.g. to react to 404 or 403)."""
+        """Call ``listener(exc)`` on every list/watch failure (e.g. to react to 404 or 403).
+
+        A listener that raises is logged and skipped; the informer and the other listeners carry on.
+        """
         self._error_listeners.append(listener)
 
     def _reflector_error(self, e: Exception) -> None:
         for listener in self._error_listeners:
-            listener(e)
+            try:
+                listener(e)
+            except Exception:
+                logger.bind(gvr=self._gvr_label).exception(
+                    "error listener {} of {} failed on {!r}", getattr(listener, "__qualname__", repr(listener)),
+                    self.gvr, e)
 
     # -- handlers ----------------------------------------------------------------------------------------
     def add_event_handler(
@@ -276,7 +284,8 @@ class SharedIndexInformer:
             reg._start()
 
     async def stop(self) -> None:
-        """Cancel and await the reflector and every handler task; drop the cache and handlers."""
+        """Cancel and await the reflector and every handler task; drop the cache, the handlers and (unless
+        another informer of the same GVR still runs) the GVR's metric series."""
         self._stopped = True
         task, self._task = self._task, None
         if task is not None:
@@ -285,7 +294,7 @@ class SharedIndexInformer:
         for reg in list(self._registrations):
             await self.remove_event_handler(reg)
         self.store.clear()
-        self._metrics.forget(self._gvr_label)
+        self._metrics.forget(self.reflector)
 
     async def run(self) -> None:
         """Start, then run until cancelled, then stop: for use as a task body."""

@@ -172,7 +172,10 @@ class Supervisor:
                                                  handle.name, _describe(e), delay)
             else:
                 if not handle.restart:
+                    # A one-shot task that did its job: nothing left to report on.
                     handle.state = TaskState.STOPPED
+                    if self._handles.get(handle.name) is handle:
+                        del self._handles[handle.name]
                     return
                 handle.failed(RuntimeError("returned unexpectedly"))
                 delay = handle.backoff.next()

@@ -18,30 +18,28 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
 import socket
 import time
 import uuid
 from typing import Any
 
-import aiohttp
 from loguru import logger
 
 from informers import ApiClient, ApiError
+from informers.client import CONNECTION_ERRORS
 
 from .settings import LeaderElection
 
 
 def default_identity() -> str:
-    """``hostname_uuid``: unique per process, readable in ``kubectl get lease``."""
-    return f"{socket.gethostname()}_{uuid.uuid4()}"
+    """``<pod name>_<uuid>`` (``$POD_NAME``, set by the Deployment from the downward API; the host name outside a
+    pod): unique per process, and ``kubectl get lease`` shows which pod leads."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4()}"
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-# What a lease request can fail with besides an API error; all of them mean "try again next round".
-_TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 
 
 class _TermFence:
@@ -113,7 +111,7 @@ class LeaderElector:
             lease["spec"].update(holderIdentity="", leaseDurationSeconds=1, renewTime=_now(), acquireTime=_now())
             await self.client.request("PUT", self.path, body=lease, timeout=5)
             self._log.info("released the lease")
-        except (ApiError, *_TRANSPORT_ERRORS) as e:
+        except (ApiError, *CONNECTION_ERRORS) as e:
             self._log.warning("could not release the lease: {}", e)
 
     async def _try_acquire_or_renew(self) -> bool:
@@ -148,7 +146,7 @@ class LeaderElector:
             self._observe(spec, now)
             self._renewed(now)
             return True
-        except _TRANSPORT_ERRORS as e:
+        except CONNECTION_ERRORS as e:
             self._log.warning("cannot reach the API server for the lease: {}", _reason(e))
             return False
         current = lease.get("spec") or {}
@@ -172,7 +170,7 @@ class LeaderElector:
             if e.status != 409:  # 409: someone else wrote first; we see it next round
                 self._log.warning("cannot update the lease: {}", e)
             return False
-        except _TRANSPORT_ERRORS as e:
+        except CONNECTION_ERRORS as e:
             self._log.warning("cannot reach the API server for the lease: {}", _reason(e))
             return False
         self._observe(spec, now)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import psutil
-import pytest
 from prometheus_client import CollectorRegistry
 
 from informers import (
@@ -161,23 +161,25 @@ async def test_recovers_from_apiserver_restart_mid_watch(control_plane_factory) 
         inf, _ = f.for_resource(CONFIGMAPS)
         f.start()
         writing = True
+        written: list[str] = []
 
         async def writer() -> None:
-            i = 0
             while writing:
+                name = f"w-{len(written)}"
                 try:
-                    await api.request("POST", CONFIGMAPS.path("default"), body={"metadata": {"name": f"w-{i}"}})
-                    i += 1
-                except (ApiError, OSError, Exception):
+                    await api.request("POST", CONFIGMAPS.path("default"), body={"metadata": {"name": name}})
+                    written.append(name)
+                except Exception:  # the server is restarting
                     await asyncio.sleep(0.1)
                 await asyncio.sleep(0.02)
 
         try:
             assert await inf.wait_for_sync(30)
             task = asyncio.create_task(writer())
-            await asyncio.sleep(0.5)
+            await eventually(lambda: len(written) >= 5, 30, "writes before the restart")
             await asyncio.to_thread(cp.restart_apiserver)
-            await asyncio.sleep(0.5)
+            restarted = len(written)
+            await eventually(lambda: len(written) >= restarted + 5, 60, "writes after the restart")
             writing = False
             await task
             await eventually(lambda: converged(api, inf, "default"), 60, "convergence after restart")
@@ -251,8 +253,7 @@ async def test_handlers_replay_sync_remove_resync_and_isolation(api, namespace) 
         await inf.remove_event_handler(early_reg)
         early.events.clear()
         await api.request("POST", CONFIGMAPS.path(namespace), body={"metadata": {"name": "x3"}})
-        await eventually(lambda: inf.lister.get("x3", namespace) is not None, 10)
-        await asyncio.sleep(0.2)
+        await eventually(lambda: ("add", "x3", False) in late.events, 10, "x3 delivered to the handlers left")
         assert early.events == []
     finally:
         await f.shutdown()
@@ -294,13 +295,14 @@ async def test_restricted_user_without_list_permission_backs_off(control_plane) 
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig), context="restricted") as client:
         f = factory_for(client)
         inf, _ = f.for_resource(GVR("", "v1", "secrets"))
+        started = time.monotonic()
         f.start()
         try:
-            await asyncio.sleep(3)
+            await eventually(lambda: counter_sum(f, "informer_errors_total", kind="403") >= 3, 30, "3 attempts")
+            # 0.8 s doubling (plus jitter) between attempts, no hot loop
+            assert time.monotonic() - started >= 0.8 + 1.6
             assert not inf.has_synced()
             assert isinstance(inf.last_error, ApiError) and inf.last_error.status == 403
-            # 0.8 s doubling with jitter: at most a handful of attempts in 3 s, no hot loop
-            assert 1 <= counter_sum(f, "informer_errors_total", kind="403") <= 4
         finally:
             await f.shutdown()
 
@@ -339,8 +341,7 @@ async def test_shutdown_leaves_no_tasks_or_connections(control_plane, namespace)
     await f.shutdown()
     assert set(asyncio.all_tasks()) - before == set()
     await client.close()
-    await asyncio.sleep(0.1)
-    assert _connections_to(control_plane.port) == baseline
+    await eventually(lambda: _connections_to(control_plane.port) == baseline, 10, "the connections closed")
 
 
 async def test_stop_one_resource_keeps_the_others(api, namespace) -> None:

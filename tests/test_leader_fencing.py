@@ -166,3 +166,20 @@ class _NoSource:
 
     def unsubscribe(self, id):
         pass
+
+
+async def test_a_fence_closing_while_the_request_is_prepared_stops_the_send(monkeypatch) -> None:
+    conf = kubernetes.client.Configuration()
+    conf.host = "https://127.0.0.1:1"  # nothing listens: a request that got through would fail to connect
+    open_ = [True]
+    async with ApiClient.from_configuration(conf) as client:
+        fenced = client.fenced(lambda: open_[0])
+
+        async def slow_credentials() -> dict[str, str]:
+            open_[0] = False  # the term ends while, say, an exec credential plugin runs
+            return {}
+
+        monkeypatch.setattr(client, "_headers", slow_credentials)
+        with pytest.raises(FenceError, match="POST /api/v1/namespaces/default/configmaps refused"):
+            await fenced.request("POST", CONFIGMAPS.path("default"), body={})
+        assert fenced.recoveries == client.recoveries
