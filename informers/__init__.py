@@ -2,25 +2,38 @@
 
 from .backoff import Backoff
 from .client import ApiClient
-from .discovering_factory import DiscoveringDynamicSharedInformerFactory, GVRHandler, GVRStatus
-from .discovery import DiscoveryClient, DiscoveryResult, ResourceInfo
-from .errors import ApiError
+from .credentials import CredentialError, ExecPlugin, ExecPluginError, ExecPluginTimeout
+from .discovering_factory import DiscoveringDynamicSharedInformerFactory, GVRState, GVRStatus, RemovalHook
+from .discovery import DiscoveryClient, DiscoveryForbidden, DiscoveryResult, ResourceInfo
+from .errors import (
+    AlreadyExists, ApiError, Conflict, FenceError, Forbidden, Gone, Invalid, NotFound, TooManyRequests, Unauthorized,
+    UnsupportedMediaType,
+)
 from .factory import DynamicSharedInformerFactory
 from .gvr import GVR
+from .gvr_listeners import GVRHandler
 from .lister import Lister
+from .mapper import NoMatchError, RESTMapper
 from .metrics import InformerMetrics
 from .reflector import Reflector, ReflectorOptions
+from .resource import ResourceClient
 from .resource_filter import ResourceFilter, Rule
 from .selector import LabelSelector, SelectorError
 from .shared_informer import EventHandler, FuncHandler, HandlerRegistration, SharedIndexInformer
 from .source import InformerSource, Notifier, Subscription
+from .supervisor import Supervisor, TaskHandle, TaskHealth, TaskState
 from .store import DeletedFinalStateUnknown, Store, object_key
 from .transforms import drop_managed_fields
+from .wait import wait_first
 
 __all__ = [
     "ApiClient", "ApiError", "Backoff", "DeletedFinalStateUnknown", "DiscoveringDynamicSharedInformerFactory",
-    "DiscoveryClient", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler", "FuncHandler", "GVR",
-    "GVRHandler", "GVRStatus", "HandlerRegistration", "InformerMetrics", "InformerSource", "LabelSelector", "Lister",
-    "Notifier", "Reflector", "ReflectorOptions", "ResourceFilter", "ResourceInfo", "Rule", "SelectorError",
-    "SharedIndexInformer", "Store", "Subscription", "drop_managed_fields", "object_key",
+    "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout",
+    "DiscoveryClient", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
+    "FenceError", "FuncHandler", "GVR", "GVRHandler", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",
+    "InformerSource", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",
+    "ResourceFilter", "ResourceInfo", "Rule", "SelectorError", "SharedIndexInformer", "Store", "Subscription",
+    "Supervisor", "TaskHandle", "TaskHealth", "TaskState", "drop_managed_fields", "object_key", "wait_first",
+    "AlreadyExists", "Conflict", "Forbidden", "Gone", "Invalid", "NoMatchError", "NotFound", "RESTMapper",
+    "ResourceClient", "TooManyRequests", "Unauthorized", "UnsupportedMediaType",
 ]

@@ -1,0 +1,110 @@
+"""create_or_update and create_or_patch: make an object what ``mutate`` says, creating it if needed.
+
+controller-runtime's ``controllerutil.CreateOrUpdate`` / ``CreateOrPatch`` and their results, with these
+differences, and why:
+
+- Objects are dicts: the template only names the object (and is the base when it must be created), ``mutate``
+  edits a copy in place, and the object as the server returned it comes back with the result, where Go fills
+  the caller's struct.
+- Like controllerutil, neither retries on conflict: an update from a stale read raises ``Conflict``, and the
+  caller wraps the call in ``retry_on_conflict`` (each call reads afresh). ``create_or_patch`` sends merge
+  patches of just the fields ``mutate`` changed, without a resourceVersion, so it only conflicts on a create race.
+- As in controllerutil, a status set by ``mutate`` on the create path is dropped by servers that serve status as
+  a subresource; it is written on the next ``create_or_patch``.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from typing import Any, Callable
+
+from informers.errors import NotFound
+from informers.resource import Object, ResourceClient
+
+Mutate = Callable[[Object], None]
+
+
+class OperationResult(enum.StrEnum):
+    """What ``create_or_update`` / ``create_or_patch`` did."""
+
+    UNCHANGED = "unchanged"
+    CREATED = "created"
+    UPDATED = "updated"
+    UPDATED_STATUS = "updated_status"
+    UPDATED_STATUS_ONLY = "updated_status_only"
+
+
+async def create_or_update(client: ResourceClient, obj: Object, mutate: Mutate) -> tuple[Object, OperationResult]:
+    """Read the object named by ``obj``; ``mutate`` it and update it if that changed anything (``UPDATED``, else
+    ``UNCHANGED``); if there is none, ``mutate`` a copy of ``obj`` and create it (``CREATED``)."""
+    found = await _get(client, obj)
+    if found is None:
+        return await client.create(_mutated(obj, mutate)), OperationResult.CREATED
+    desired = _mutated(found, mutate)
+    if desired == found:
+        return found, OperationResult.UNCHANGED
+    return await client.update(desired), OperationResult.UPDATED
+
+
+async def create_or_patch(client: ResourceClient, obj: Object, mutate: Mutate) -> tuple[Object, OperationResult]:
+    """As ``create_or_update``, but changes are written as merge patches: the object without its status first,
+    then the status subresource (``UPDATED``, ``UPDATED_STATUS`` for both, ``UPDATED_STATUS_ONLY``)."""
+    found = await _get(client, obj)
+    if found is None:
+        return await client.create(_mutated(obj, mutate)), OperationResult.CREATED
+    desired = _mutated(found, mutate)
+    meta = found["metadata"]
+    result = OperationResult.UNCHANGED
+    current = found
+    before, after = _without_status(found), _without_status(desired)
+    if before != after:
+        current = await client.patch(meta["name"], _merge_patch(before, after), type="merge",
+                                     namespace=meta.get("namespace"))
+        result = OperationResult.UPDATED
+    if found.get("status") != desired.get("status"):
+        current = await client.patch_status(
+            meta["name"], _merge_patch({"status": found.get("status")}, {"status": desired.get("status")}),
+            type="merge", namespace=meta.get("namespace"))
+        result = (OperationResult.UPDATED_STATUS if result is OperationResult.UPDATED
+                  else OperationResult.UPDATED_STATUS_ONLY)
+    return current, result
+
+
+def _key(obj: Object) -> tuple[str | None, str | None]:
+    meta = obj.get("metadata") or {}
+    return meta.get("name"), meta.get("namespace")
+
+
+async def _get(client: ResourceClient, obj: Object) -> Object | None:
+    name, namespace = _key(obj)
+    if not name:
+        raise ValueError("create_or_update/create_or_patch need the object's metadata.name")
+    try:
+        return await client.get(name, namespace)
+    except NotFound:
+        return None
+
+
+def _mutated(obj: Object, mutate: Mutate) -> Object:
+    """A mutated deep copy of ``obj``; ValueError if ``mutate`` renamed it (the write would hit another object)."""
+    out = copy.deepcopy(obj)
+    mutate(out)
+    if _key(out) != _key(obj):
+        raise ValueError("mutate must not change the object's metadata.name or metadata.namespace")
+    return out
+
+
+def _without_status(obj: Object) -> Object:
+    return {k: v for k, v in obj.items() if k != "status"}
+
+
+def _merge_patch(before: Any, after: Any) -> Any:
+    """The JSON merge patch (RFC 7386) turning ``before`` into ``after``: changed keys, and None for removed ones."""
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return after
+    patch = {k: None for k in before.keys() - after.keys()}
+    for k, v in after.items():
+        if k not in before or before[k] != v:
+            patch[k] = _merge_patch(before.get(k), v)
+    return patch
