@@ -1,124 +1,317 @@
-"""Controller: informer events -> request keys -> a work queue -> N workers calling ``reconcile(request)``.
+"""Controller: informer events -> requests -> a work queue -> N workers calling ``reconcile(request, rc)``.
 
 The common case in a few lines::
 
-    def create(ctx):
-        c = Controller("widgets", reconcile, workers=2)
-        c.watch(WIDGETS)
-        return c.run
+    async def reconcile(req: Request, rc: ReconcileContext) -> Result | None:
+        widget = rc.lister().get(req.name, req.namespace)  # None once it is gone
+        ...
 
-    ManagedController([WIDGETS], create)
+    def create(ctx):
+        return (Controller("widgets", reconcile, workers=ctx.workers, finalizer=FINALIZER, finalize=cleanup)
+                .for_(WIDGETS, predicates=[generation_changed])
+                .owns(CONFIGMAPS)
+                .run)
+
+    ManagedController([WIDGETS, CONFIGMAPS], create)
+
+controller-runtime's builder (``For``/``Owns``/``Watches`` with predicates) and kopf's finalizer handling, with
+these differences, and why:
+
+- ``reconcile`` takes the request alone or the request and a ``ReconcileContext``; which one is read from its
+  signature when the Controller is built, as is whether it is a coroutine function (a blocking reconcile would
+  stall every controller in the process).
+- ``owns`` needs the kind of the primary resource to match owner references; it is looked up when the controller
+  starts (discovery, through the context's RESTMapper; without an API client, a cached object), because a map
+  function runs synchronously in the informer's handler and cannot ask.
+- The finalizer is handled around ``reconcile`` (controller-runtime leaves it to the reconciler; kopf does it
+  too): it is added before an object's reconcile; an object being deleted gets ``finalize`` instead, and the
+  finalizer is removed when ``finalize`` returns. ``finalize`` sees the object as re-read from the server, and
+  only while it still carries the finalizer: the cache may still show a finalizer just removed, and one deletion
+  must not be finalized twice. A failing ``finalize`` is retried like a failing reconcile; the object stays.
+- Each worker checks the context's fence locally before every item (see ``fence.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Iterable
+import inspect
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from informers import GVR, SharedIndexInformer
+from informers import GVR, DeletedFinalStateUnknown, NotFound, SharedIndexInformer
+from informers.resource import Object
 
-from .context import ControllerContext
+from .context import ControllerContext, ReconcileContext, ReconcileStats
+from .events import EventRecorder
+from .fence import Fence
+from .finalizers import add_finalizer, has_finalizer, remove_finalizer
+from .metrics import ReconcileMetrics, ReconcileResult, reconcile_metrics
+from .owners import owner_requests
+from .predicates import Predicate, WatchEvent, WatchEventType
 from .ratelimiter import RateLimiter
-from .reconcile import Request, Result
+from .reconcile import Request, Result, TerminalError
 from .workqueue import QueueShutDown, WorkQueue
 
-Reconcile = Callable[[Request], Awaitable[Result | None]]
+ReconcileFunc = Callable[[Request, ReconcileContext], Awaitable[Result | None]]
+Reconcile = Callable[[Request], Awaitable[Result | None]] | ReconcileFunc
+Finalize = Callable[[Request, ReconcileContext, Object], Awaitable[None]]
 MapFunc = Callable[[Any], Iterable[Request]]
+Source = SharedIndexInformer | GVR
+# How long a stopping controller lets its recorder write pending Events: well within the manager's stop timeout,
+# which with leader election is only the margin before a standby may take over (5 s by default).
+_EVENTS_CLOSE_TIMEOUT = 1.0
 
 
 def _own(obj: Any) -> Iterable[Request]:
     return (Request.for_object(obj),)
 
 
+@dataclass(frozen=True)
+class _Watch:
+    """One source of requests; ``map_fn`` None means the source's objects map to their controller owner."""
+
+    source: Source
+    map_fn: MapFunc | None
+    predicates: tuple[Predicate, ...]
+
+
 class _Enqueuer:
-    """Event handler turning informer events into queued requests."""
+    """Event handler turning informer events that pass the predicates into queued requests."""
 
-    def __init__(self, queue: WorkQueue[Request], map_fn: MapFunc, predicate: Callable[[Any], bool] | None,
+    def __init__(self, queue: WorkQueue[Request], map_fn: MapFunc, predicates: tuple[Predicate, ...],
                  name: str) -> None:
-        self.queue, self.map_fn, self.predicate, self.name = queue, map_fn, predicate, name
+        self.queue, self.map_fn, self.predicates, self.name = queue, map_fn, predicates, name
 
-    def _enqueue(self, obj: Any) -> None:
-        if self.predicate is None or self.predicate(obj):
+    def _passes(self, type: WatchEventType, old: Any, new: Any, state_unknown: bool = False) -> bool:
+        if not self.predicates:
+            return True
+        event = WatchEvent(type, old, new, state_unknown)
+        return all(p(event) for p in self.predicates)
+
+    def _enqueue(self, *objs: Any) -> None:
+        for obj in objs:
             for req in self.map_fn(obj):
-                self.queue.add(req)
+                self.queue.add(req)  # the queue drops duplicates
 
     def on_add(self, obj: Any, is_in_initial_list: bool) -> None:
-        self._enqueue(obj)
+        if self._passes("add", None, obj):
+            self._enqueue(obj)
 
     def on_update(self, old: Any, new: Any) -> None:
-        self._enqueue(new)
+        # The old object is mapped too: when the mapping reads a field that changed (an owner reference, a
+        # label), the request it named before must learn that the object is no longer its concern.
+        if self._passes("update", old, new):
+            self._enqueue(new, old)
 
     def on_delete(self, obj: Any) -> None:
-        self._enqueue(getattr(obj, "obj", obj))
+        tombstone = isinstance(obj, DeletedFinalStateUnknown)
+        last = obj.obj if tombstone else obj
+        if self._passes("delete", last, None, tombstone):
+            self._enqueue(last)
+
+
+def _require_async(fn: Any, what: str) -> None:
+    """Refuse a synchronous function when the Controller is built, rather than failing on every request."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        return
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    raise TypeError(f"{what} {name} is not a coroutine function: define it with 'async def' (a blocking "
+                    f"{what} would stall every controller in the process)")
+
+
+def _with_context(reconcile: Reconcile) -> ReconcileFunc:
+    """``reconcile`` as a function of (request, context), whichever of the two it takes."""
+    try:
+        inspect.signature(reconcile).bind(None, None)
+    except TypeError:
+        alone: Callable[[Request], Awaitable[Result | None]] = reconcile  # type: ignore[assignment]
+        return lambda req, rc: alone(req)
+    return reconcile  # type: ignore[return-value]
+
+
+def _object_predicate(test: Callable[[Any], bool]) -> Predicate:
+    """A predicate of the event's object alone (the new state; the last one for a delete)."""
+    return lambda event: test(event.obj)
+
+
+def _gvr(source: Source) -> GVR:
+    return source.gvr if isinstance(source, SharedIndexInformer) else source
+
+
+async def _kind_of(ctx: ControllerContext, gvr: GVR) -> tuple[str, bool]:
+    """The kind of ``gvr``'s objects and whether they are namespaced: from discovery, or, for a controller without
+    an API client, from a cached object."""
+    if ctx.client is not None:
+        info = await ctx.mapper.resource_info(gvr)
+        return info.kind, info.namespaced
+    for obj in ctx.informer(gvr).store:
+        return obj["kind"], bool(obj["metadata"].get("namespace"))
+    raise ValueError(f"controller {ctx.name}: cannot tell the kind of {gvr} for owns() without an API client or "
+                     "a cached object")
 
 
 class Controller:
-    """Runs ``reconcile`` for requests derived from watched informers, with retries and requeues.
+    """Runs ``reconcile`` for the requests of its sources, with retries, requeues, a finalizer and metrics.
 
-    A reconcile that raises is retried with the queue's rate limiter (client-go's default limiter unless
-    given) until ``max_retries`` is reached, after which the request is dropped and logged. Workers start only
-    once every watched informer has delivered its initial list to this controller.
+    Sources are declared with ``for_`` (the primary resource: each object is a request), ``owns`` (objects
+    controlled by a primary object: the owner is the request) and ``watches`` (any mapping). ``reconcile`` is
+    ``async def reconcile(req)`` or ``async def reconcile(req, rc)`` (``rc``: a ``ReconcileContext``) and returns
+    None or a ``Result``, or raises.
+
+    As in controller-runtime and kopf, a reconcile that raises is retried with the queue's rate limiter
+    (client-go's default limiter unless given: 5 ms doubling up to 1000 s) for as long as it fails; dropping it
+    after N failures, as client-go's examples do, would leave the object unreconciled until it next changes.
+    ``max_retries`` bounds the retries if wanted; a reconcile raising ``TerminalError`` is not retried (logged
+    once, forgotten). Workers start only once every source has delivered its initial list to this controller.
+
+    With ``finalizer`` (a name such as ``example.com/cleanup``) and ``finalize`` (``async def finalize(req, rc,
+    obj)``), objects of the primary resource get the finalizer before they are reconciled, and ``finalize``
+    instead of ``reconcile`` once they are being deleted; an object being deleted without the finalizer is left
+    alone. ``finalize`` should be idempotent: if removing the finalizer fails, it runs again.
+
+    Successes and failures are counted in the context's ``reconcile_stats`` (``stats`` when run without one) and
+    in the ``controller_runtime_*`` metrics of ``metrics_registry`` (see ``metrics.py``). The controller's name
+    names its work queue, its metrics, its field manager and the ``reportingController`` of its Events.
     """
 
     def __init__(
-        self, name: str, reconcile: Reconcile, *, workers: int = 1, max_retries: int | None = 15,
+        self, name: str, reconcile: Reconcile, *, workers: int = 1, max_retries: int | None = None,
         rate_limiter: RateLimiter | None = None, metrics_registry: CollectorRegistry | None = None,
+        finalizer: str | None = None, finalize: Finalize | None = None,
     ) -> None:
+        _require_async(reconcile, "reconcile")
+        if (finalizer is None) != (finalize is None):
+            raise ValueError(f"controller {name}: give both finalizer= and finalize=, or neither")
+        if finalize is not None:
+            _require_async(finalize, "finalize")
         self.name = name
         self.reconcile = reconcile
         self.workers = workers
         self.max_retries = max_retries
+        self.finalizer = finalizer
+        self.finalize = finalize
+        self._call = _with_context(reconcile)
         self._rate_limiter = rate_limiter
         self._metrics_registry = metrics_registry
-        self._watches: list[tuple[SharedIndexInformer | GVR, MapFunc, Callable[[Any], bool] | None]] = []
+        self._primary: GVR | None = None
+        self._watches: list[_Watch] = []
         self.queue: WorkQueue[Request] | None = None
+        self.stats = ReconcileStats()
         self._log = logger.bind(controller=name)
 
-    def watch(self, source: SharedIndexInformer | GVR, map_fn: MapFunc = _own,
-              predicate: Callable[[Any], bool] | None = None) -> "Controller":
-        """Reconcile on events of an informer (or a GVR resolved through the context): by default the object
-        itself; ``map_fn(obj)`` may name other objects (e.g. an owner); ``predicate(obj)`` filters events."""
-        self._watches.append((source, map_fn, predicate))
+    # -- building ----------------------------------------------------------------------------------------
+    def for_(self, source: Source, predicates: Sequence[Predicate] = ()) -> "Controller":
+        """The primary resource: each of its objects that an event passing ``predicates`` concerns is a
+        request. Once per controller."""
+        if self._primary is not None:
+            raise ValueError(f"controller {self.name}: for_() was already called (for {self._primary})")
+        self._primary = _gvr(source)
+        self._watches.append(_Watch(source, _own, tuple(predicates)))
         return self
 
+    def owns(self, source: Source, predicates: Sequence[Predicate] = ()) -> "Controller":
+        """Objects controlled by a primary object (its controller owner reference, see
+        ``set_controller_reference``): an event on one, passing ``predicates``, is a request for the owner; an
+        update that changes the owner is one for both, a delete one for the last owner."""
+        self._watches.append(_Watch(source, None, tuple(predicates)))
+        return self
+
+    def watches(self, source: Source, map_fn: MapFunc = _own, predicates: Sequence[Predicate] = (), *,
+                predicate: Callable[[Any], bool] | None = None) -> "Controller":
+        """Any source: ``map_fn(obj)`` names the requests of an object (by default the object itself; on an
+        update, both the old and the new object are mapped). ``predicate`` is the older form of a filter, a test
+        of the object alone (the new one on updates)."""
+        extra = (_object_predicate(predicate),) if predicate is not None else ()
+        self._watches.append(_Watch(source, map_fn, (*predicates, *extra)))
+        return self
+
+    watch = watches
+
+    # -- running -----------------------------------------------------------------------------------------
     async def run(self, ctx: ControllerContext | None = None) -> None:
-        """Register the handlers, wait for their initial lists, run the workers until cancelled, tear down."""
+        """Register the handlers, wait for their initial lists, run the workers until cancelled, tear down.
+
+        Without ``ctx`` (outside a manager), every source must be an informer.
+        """
+        if ctx is None:
+            ctx = ControllerContext(self.name, {inf.gvr: inf for inf in (w.source for w in self._watches)
+                                                if isinstance(inf, SharedIndexInformer)})
+        if self.finalizer is not None:
+            if self._primary is None:
+                raise ValueError(f"controller {self.name}: a finalizer needs the primary resource: call for_(gvr)")
+            ctx.require_client()  # it writes: fail now, not on every request, without an API client
         queue: WorkQueue[Request] = WorkQueue(self.name, self._rate_limiter, self._metrics_registry)
         self.queue = queue
+        self.stats = ctx.reconcile_stats
+        metrics = reconcile_metrics(self.name, self._metrics_registry)
+        metrics.max_concurrent_reconciles = self.workers
+        events = EventRecorder(ctx.client, self.name, socket.gethostname()) if ctx.client is not None else None
         regs = []
         try:
-            for source, map_fn, predicate in self._watches:
-                handler = _Enqueuer(queue, map_fn, predicate, self.name)
-                if ctx is not None:
-                    regs.append(ctx.add_event_handler(source, handler))
-                elif isinstance(source, SharedIndexInformer):
-                    regs.append(source.add_event_handler(handler, name=self.name))
-                else:
-                    raise TypeError(f"controller {self.name}: watching {source} needs a ControllerContext")
+            to_owner = await self._owner_mapping(ctx) if any(w.map_fn is None for w in self._watches) else _own
+            registered: set[GVR] = set()
+            for w in self._watches:
+                # A second handler on one informer (for_ and owns of ConfigMaps, say) is named apart, so that
+                # the informer's per-handler metrics tell them apart.
+                gvr = _gvr(w.source)
+                name = self.name if gvr not in registered else "owns" if w.map_fn is None else "watches"
+                registered.add(gvr)
+                regs.append(ctx.add_event_handler(w.source, _Enqueuer(queue, w.map_fn or to_owner, w.predicates,
+                                                                      name)))
             await asyncio.gather(*(r.wait_for_sync() for r in regs))
             async with asyncio.TaskGroup() as tg:
                 for i in range(self.workers):
-                    tg.create_task(self._worker(queue), name=f"{self.name} worker {i}")
+                    tg.create_task(self._worker(queue, ctx, events, metrics), name=f"{self.name} worker {i}")
         finally:
             queue.shutdown()
             for reg in regs:
                 await reg.informer.remove_event_handler(reg)
+            if events is not None:
+                await events.close(_EVENTS_CLOSE_TIMEOUT)
 
-    async def _worker(self, queue: WorkQueue[Request]) -> None:
+    async def _owner_mapping(self, ctx: ControllerContext) -> MapFunc:
+        if self._primary is None:
+            raise ValueError(f"controller {self.name}: owns() needs the primary resource: call for_(gvr)")
+        kind, namespaced = await _kind_of(ctx, self._primary)
+        api_version = self._primary.group_version
+        return lambda obj: owner_requests(obj, api_version, kind, controller_only=True, namespaced=namespaced)
+
+    async def _worker(self, queue: WorkQueue[Request], ctx: ControllerContext, events: EventRecorder | None,
+                      metrics: ReconcileMetrics) -> None:
+        fence: Fence = ctx.fence
         while True:
             try:
                 req = await queue.get()
             except QueueShutDown:
                 return
+            if not fence.valid():
+                # The term has ended and never comes back: leave the item queued as it was (add marks it dirty,
+                # done puts it back) and wait for the stop that is coming.
+                queue.add(req)
+                queue.done(req)
+                self._log.info("leadership term ended; not starting {}", req)
+                await asyncio.get_running_loop().create_future()
+            metrics.active_workers += 1
+            started = time.monotonic()
+            outcome: ReconcileResult = "error"
+            terminal = False
             try:
-                result = await self.reconcile(req)
+                result = await self._handle(ReconcileContext(req, ctx, self._primary, events))
             except asyncio.CancelledError:
                 queue.done(req)
                 raise
+            except TerminalError as e:
+                terminal = True
+                self.stats.record_error(e)
+                self._log.opt(exception=e).error("reconcile of {} failed with a terminal error; not retrying", req)
+                queue.forget(req)
             except Exception as e:
+                self.stats.record_error(e)
                 retries = queue.num_requeues(req)
                 if self.max_retries is not None and retries >= self.max_retries:
                     self._log.opt(exception=e).error("reconcile of {} failed {} times; dropping it", req,
@@ -128,11 +321,44 @@ class Controller:
                     self._log.opt(exception=e).warning("reconcile of {} failed; retrying", req)
                     queue.add_rate_limited(req)
             else:
+                self.stats.record_success()
+                outcome = "success"
                 if result is not None and result.requeue_after is not None:
+                    outcome = "requeue_after"
                     queue.forget(req)
                     queue.add_after(req, result.requeue_after)
                 elif result is not None and result.requeue:
+                    outcome = "requeue"
                     queue.add_rate_limited(req)
                 else:
                     queue.forget(req)
+            finally:
+                metrics.active_workers -= 1
+            metrics.observe(outcome, time.monotonic() - started, terminal)
             queue.done(req)
+
+    async def _handle(self, rc: ReconcileContext) -> Result | None:
+        """One request: the finalizer's part, then ``reconcile``, unless the object is being deleted."""
+        if self.finalizer is not None:
+            req = rc.request
+            obj = rc.lister().get(req.name, req.namespace)
+            if obj is not None:
+                if obj["metadata"].get("deletionTimestamp"):
+                    if has_finalizer(obj, self.finalizer):
+                        await self._finalize(rc)
+                    return None
+                if not has_finalizer(obj, self.finalizer):
+                    await add_finalizer(rc.client, obj, self.finalizer)
+        return await self._call(rc.request, rc)
+
+    async def _finalize(self, rc: ReconcileContext) -> None:
+        assert self.finalizer is not None and self.finalize is not None
+        req = rc.request
+        try:
+            obj = await rc.client.get(req.name, req.namespace)
+        except NotFound:
+            return
+        if obj["metadata"].get("deletionTimestamp") and has_finalizer(obj, self.finalizer):
+            await self.finalize(req, rc, obj)
+            await remove_finalizer(rc.client, obj, self.finalizer)
+            rc.log.info("finalized; removed finalizer {}", self.finalizer)

@@ -1,4 +1,4 @@
-"""Reconcile requests and results."""
+"""Reconcile requests, results, and the error that asks for no retry."""
 
 from __future__ import annotations
 
@@ -36,3 +36,9 @@ class Result:
 
     requeue: bool = False
     requeue_after: float | None = None
+
+
+class TerminalError(Exception):
+    """Raised by a reconcile that retrying cannot fix (an invalid spec, say): the Controller logs it once and
+    forgets the request until its object changes again, where any other exception is retried with backoff for
+    as long as it fails (controller-runtime's ``reconcile.TerminalError``, kopf's ``PermanentError``)."""

@@ -12,10 +12,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controllers import Controller, ControllerManager, ManagedController, Request  # noqa: E402
+from controllers import (  # noqa: E402
+    Controller, ControllerContext, ControllerManager, ManagedController, ReconcileContext, Request,
+)
 from informers import ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceFilter  # noqa: E402
 from examples.plugins.widget_status import WIDGETS  # noqa: E402
 from syncer.logs import setup_logging  # noqa: E402
@@ -28,7 +31,7 @@ def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-async def wait_for(check, what: str, timeout: float = 30) -> None:
+async def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -39,13 +42,14 @@ async def wait_for(check, what: str, timeout: float = 30) -> None:
 async def main(kubeconfig: str) -> None:
     reconciled: list[str] = []
 
-    async def reconcile(req: Request) -> None:
+    async def reconcile(req: Request, rc: ReconcileContext) -> None:
         reconciled.append(req.key)
-        say(f"  reconcile {req.key}")
+        widget = rc.lister().get(req.name, req.namespace)
+        say(f"  reconcile {req.key}: size {(widget or {}).get('spec', {}).get('size')}")
 
-    def create(ctx):
+    def create(ctx: ControllerContext) -> Any:
         say("controller created (its CRD is served and synced)")
-        return Controller("widgets", reconcile).watch(WIDGETS).run
+        return Controller("widgets", reconcile).for_(WIDGETS).run
 
     async with ApiClient.from_kubeconfig(kubeconfig) as client:
         factory = DiscoveringDynamicSharedInformerFactory(
@@ -54,7 +58,10 @@ async def main(kubeconfig: str) -> None:
                                     client=client)
         await factory.start()
         await manager.start()
-        state = lambda: manager.status()["widgets"].state  # noqa: E731
+
+        def state() -> str:
+            return manager.status()["widgets"].state
+
         say(f"controller 'widgets' is {state()} (no Widget CRD yet)")
         try:
             say("installing the Widget CRD")

@@ -199,12 +199,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             doc = json.load(resp)
-        header = (f"identity {doc['identity']}  ready={doc['ready']}  leader={doc['leader']}  "
-                  f"lease holder={doc.get('lease_holder') or '-'}\n")
-        controllers = [(c["name"], c["state"], str(c.get("restarts", 0)),
-                        ",".join(c.get("missing", []) + c.get("not_synced", [])), c.get("last_error", ""))
+        election = (f"leader={doc['leader']}  lease holder={doc.get('lease_holder') or '-'}"
+                    if doc.get("leader_election") else "leader election off")
+        header = f"identity {doc['identity']}  ready={doc['ready']}  {election}\n"
+        controllers = [(c["name"], c["state"], str(c.get("restarts", 0)), str(c.get("reconcile_errors", 0)),
+                        ",".join(c.get("missing", []) + c.get("not_synced", [])),
+                        c.get("last_error") or c.get("last_reconcile_error") or "")
                        for c in doc["controllers"]]
         gvrs = [(g["gvr"], g["state"], g["source"], g["reason"]) for g in doc["gvrs"] if g["state"] != "excluded"]
+        troubled = [(t["name"], t["state"] + (" (wedged)" if t.get("wedged") else ""), str(t["restarts"]),
+                     t["last_error"]) for t in doc.get("tasks", []) if t["last_error"] or not t["healthy"]]
     except (urllib.error.URLError, OSError) as e:
         print(f"error: no syncer answering at {url}: {e}", file=sys.stderr)
         return 1
@@ -212,9 +216,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"error: {url} did not answer with a syncer status ({type(e).__name__}: {e})", file=sys.stderr)
         return 1
     print(header)
-    _table([("CONTROLLER", "STATE", "RESTARTS", "WAITING FOR", "LAST ERROR"), *controllers])
+    _table([("CONTROLLER", "STATE", "RESTARTS", "ERRORS", "WAITING FOR", "LAST ERROR"), *controllers])
     print()
     _table([("GVR", "STATE", "SOURCE", "REASON"), *gvrs])
+    if troubled:
+        print()
+        _table([("BACKGROUND TASK", "STATE", "RESTARTS", "LAST ERROR"), *troubled])
     return 0
 
 

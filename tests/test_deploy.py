@@ -1,11 +1,15 @@
 """The deployment assets in deploy/: manifests validated by the real apiserver (server-side dry run), their
-RBAC checked by impersonating the service account, and static checks of probes, settings and the Dockerfile."""
+RBAC checked by impersonating the service account, static checks of probes, settings and the Dockerfiles, and
+the example plugin package (deploy/plugin-example) found through its entry point by `syncer check-config`."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -22,6 +26,7 @@ from syncer.testing.controlplane import ControlPlane
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 MANIFESTS = DEPLOY / "manifests"
+PLUGIN = DEPLOY / "plugin-example"
 NAMESPACE = "kube-syncer"
 SERVICE_ACCOUNT = f"system:serviceaccount:{NAMESPACE}:kube-syncer"
 SETTINGS_PATH = "/etc/kube-syncer/settings.toml"
@@ -172,6 +177,9 @@ def test_service_account_gets_exactly_the_needed_permissions(kubectl: Kubectl, a
         ("list", "widgets.examples.kube-syncer.io"), ("watch", "widgets.examples.kube-syncer.io", "default"),
         ("patch", "widgets.examples.kube-syncer.io", "default", "status"),
         ("update", "widgets.examples.kube-syncer.io", "default", "status"),
+        ("patch", "widgets.examples.kube-syncer.io", "default"),  # its finalizer
+        ("update", "widgets.examples.kube-syncer.io", "default", "finalizers"),
+        ("create", "events.events.k8s.io", "default"), ("patch", "events.events.k8s.io", "default"),
         ("get", "leases.coordination.k8s.io", NAMESPACE),
         ("create", "leases.coordination.k8s.io", NAMESPACE),
         ("update", "leases.coordination.k8s.io", NAMESPACE),
@@ -248,6 +256,7 @@ def test_deployment_runs_the_syncer_as_a_hardened_sidecar() -> None:
 
     env = {e["name"]: e for e in syncer["env"]}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
     mounts = {m["mountPath"]: m["name"] for m in syncer["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -298,3 +307,59 @@ def test_dockerfile() -> None:
     # Every top-level package the image builds exists in the repo.
     for package in ("informers", "controllers", "syncer"):
         assert f"COPY {package} " in text and (ROOT / package / "__init__.py").exists()
+
+
+# -- shipping your own plugin: deploy/plugin-example ------------------------------------------------------
+def _plugin_settings() -> str:
+    [doc] = [d for d in yaml.safe_load_all((PLUGIN / "settings-configmap.yaml").read_text()) if d]
+    assert doc["kind"] == "ConfigMap" and doc["metadata"] == _one("ConfigMap")["metadata"]  # replaces it
+    return str(doc["data"]["settings.toml"])
+
+
+def test_plugin_settings_configmap_passes_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
+    out = kubectl.ok("apply", "--dry-run=server", "-f", str(PLUGIN / "settings-configmap.yaml"), "-o", "name")
+    assert out.stdout.strip() == "configmap/kube-syncer-settings" and "Warning" not in out.stderr
+
+
+def test_plugin_dockerfile_derives_from_the_image() -> None:
+    text = (PLUGIN / "Dockerfile").read_text()
+    assert re.findall(r"^FROM\s+(\S+)", text, re.M) == ["kube-syncer:latest"]
+    assert text.rstrip().splitlines()[-1] == "USER 10001:10001"  # back to the base image's user
+    for copied in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.M):
+        assert all((PLUGIN / f).is_file() for f in copied.split()), copied
+    assert re.search(r"^RUN pip install .*/tmp/syncer-backup", text, re.M)
+
+
+def _install(target: Path) -> None:
+    """Install deploy/plugin-example into ``target`` as pip would (the module and a dist-info with the entry
+    points of pyproject.toml). pip itself cannot build it offline here: the virtualenv has no ``wheel``."""
+    pyproject = tomllib.loads((PLUGIN / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    for module in pyproject["tool"]["setuptools"]["py-modules"]:
+        shutil.copy(PLUGIN / f"{module}.py", target)
+    info = target / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = project["entry-points"]
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in eps.items())
+        for group, eps in groups.items()))
+
+
+def test_plugin_package_is_found_by_its_entry_point(tmp_path: Path, control_plane: ControlPlane) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    _install(site)
+    settings = tmp_path / "settings.toml"
+    settings.write_text(_plugin_settings())
+    # Outside a pod: the control plane's kubeconfig instead of the service account (check-config connects not).
+    env = {**os.environ, "PYTHONPATH": str(site), "SYNCER_IN_CLUSTER": "false",
+           "SYNCER_KUBECONFIG": str(control_plane.kubeconfig)}
+    out = subprocess.run([sys.executable, "-m", "syncer", "check-config", "--settings", str(settings)],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "plugins OK: 1 controller(s): backup" in out.stdout
+    # include covers the plugin's GVRs (check-config warns "it would wait forever" otherwise), and the
+    # [plugin_settings.backup] table matches the entry point's name
+    assert "wait forever" not in out.stderr and "matches no loaded plugin" not in out.stderr, out.stderr
+

@@ -22,8 +22,8 @@ from tests.test_syncer import Sidecar
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 CONFIGMAPS = GVR("", "v1", "configmaps")
 # renew_deadline is the term; lease_duration - renew_deadline the margin in which the old term must stop.
-LEASE = ('[leader_election]\nenabled = true\nlease_namespace = "default"\nlease_duration = "4s"\n'
-         'renew_deadline = "3s"\nretry_period = "0.5s"\n')
+LEASE = ('[leader_election]\nenabled = true\nlease_namespace = "default"\nlease_duration = "6s"\n'
+         'renew_deadline = "4s"\nretry_period = "0.5s"\n')
 
 
 @pytest.fixture
@@ -92,14 +92,17 @@ def test_resumed_leader_writes_nothing_after_the_standby_took_over(control_plane
         leader.proc.send_signal(signal.SIGSTOP)
         # the standby takes the lease once it has not seen it renewed for lease_duration, then writes
         standby.wait(lambda: other in writes.writers, "the standby taking over and writing", timeout=20)
-        time.sleep(1.5)  # the paused leader stays paused well past its term, with work queued and timers due
+        time.sleep(1.0)  # the paused leader stays paused well past its term, with work queued and timers due
         leader.proc.send_signal(signal.SIGCONT)
         leader.wait(lambda: "lost leadership" in leader.log, "the resumed replica noticing", timeout=10)
         leader.wait(lambda: leader.status().get("leader") is False, "the resumed replica standing by", timeout=10)
         # give any write it would still send time to show up
         standby.wait(lambda: len(writes.after_first(other)) > 30, "more writes by the new leader", timeout=20)
         after = writes.after_first(other)
-        assert first not in after, f"the resumed old leader wrote after its successor: {after}"
+        # Under heavy load the new leader can miss its own deadline and the old one win the lease back: then
+        # its writes are legitimate, and this run cannot judge the fence.
+        assert leader.log.count("became leader") == 1, "leadership moved back:\n" + leader.log[-3000:]
+        assert first not in after, f"the resumed old leader wrote after its successor: {after}\n{leader.log[-3000:]}"
         assert leader.proc.poll() is None, leader.log[-3000:]
         lease = kubernetes.client.CoordinationV1Api(kube_client(cp)).read_namespaced_lease("kube-syncer", "default")
         assert lease.spec.holder_identity == other and lease.spec.lease_transitions >= 1

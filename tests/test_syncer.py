@@ -116,16 +116,59 @@ def test_plugin_controller_follows_its_crd(control_plane_factory, sidecars) -> N
             if e.status != 404:
                 raise
             time.sleep(0.1)
-    car.wait(lambda: (custom.get_namespaced_custom_object("examples.kube-syncer.io", "v1", "default", "widgets", "w")
-                      .get("status") or {}).get("observedGeneration") == 1, "the widget's status")
+    car.wait(lambda: (get_widget(custom).get("status") or {}).get("observedGeneration") == 1, "the widget's status")
+    # the owned ConfigMap, the finalizer, the Events
+    core = kubernetes.client.CoreV1Api(api)
+    cm = core.read_namespaced_config_map("w", "default")
+    assert cm.data == {"size": "2"}
+    [ref] = cm.metadata.owner_references
+    assert (ref.kind, ref.name, ref.controller) == ("Widget", "w", True)
+    assert get_widget(custom)["metadata"]["finalizers"] == ["examples.kube-syncer.io/cleanup"]
+    car.wait(lambda: {"ConfigMapSynced", "Ready"} <= event_reasons(api, "w"), "the widget's Events")
+    # a spec change is reconciled; the ConfigMap follows, and is put back when deleted by hand
+    custom.patch_namespaced_custom_object("examples.kube-syncer.io", "v1", "default", "widgets", "w",
+                                          {"spec": {"size": 3}})
+    car.wait(lambda: (get_widget(custom).get("status") or {}).get("observedGeneration") == 2, "generation 2")
+    assert core.read_namespaced_config_map("w", "default").data == {"size": "3"}
+    core.delete_namespaced_config_map("w", "default")
+    car.wait(lambda: configmap_data(core, "default", "w") == {"size": "3"}, "the ConfigMap put back")
+    # deleting the Widget runs finalize, which deletes the ConfigMap (no garbage collector runs here)
+    custom.delete_namespaced_custom_object("examples.kube-syncer.io", "v1", "default", "widgets", "w")
+    car.wait(lambda: configmap_data(core, "default", "w") is None and not get_widget(custom), "the cleanup")
+    assert "CleanedUp" in event_reasons(api, "w")
     ext.delete_custom_resource_definition(WIDGET_CRD["metadata"]["name"])
     car.wait(lambda: car.controller_state("widget-status") == "waiting", "the controller to stop")
     assert "stopping controller widget-status" in car.log
     code, metrics = car.get("/metrics")
     assert code == 200 and "controller_manager_starts_total" in metrics and "informer_events_total" in metrics
+    assert 'controller_runtime_reconcile_total{controller="widget-status",result="success"}' in metrics
     assert car.get("/healthz")[0] == 200
     car.proc.send_signal(signal.SIGTERM)
     assert car.proc.wait(15) == 0
+
+
+def get_widget(custom: kubernetes.client.CustomObjectsApi, name: str = "w") -> dict:
+    """The Widget ``name`` in namespace default, or {} once it is gone."""
+    try:
+        return custom.get_namespaced_custom_object("examples.kube-syncer.io", "v1", "default", "widgets", name)
+    except kubernetes.client.ApiException as e:
+        if e.status == 404:
+            return {}
+        raise
+
+
+def configmap_data(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> dict | None:
+    try:
+        return core.read_namespaced_config_map(name, namespace).data
+    except kubernetes.client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def event_reasons(api: kubernetes.client.ApiClient, name: str) -> set[str]:
+    events = kubernetes.client.EventsV1Api(api).list_namespaced_event("default").items
+    return {e.reason for e in events if e.regarding.name == name}
 
 
 LEASE = ('[leader_election]\nenabled = true\nlease_namespace = "default"\nlease_duration = "3s"\n'
@@ -197,6 +240,9 @@ def test_configmap_mirror_example_plugin(control_plane_factory, sidecars) -> Non
     car.wait(lambda: mirror() is not None and mirror().data == {"k": "v"}, "the mirror")
     core.patch_namespaced_config_map("app", "default", {"data": {"k": "v2"}})
     car.wait(lambda: mirror() is not None and mirror().data == {"k": "v2"}, "the mirror update")
+    assert mirror().metadata.annotations == {"kube-syncer.io/mirrored-from": "default/app"}
+    core.delete_namespaced_config_map("default.app", "mirror")  # deleted by hand: put back
+    car.wait(lambda: mirror() is not None and mirror().data == {"k": "v2"}, "the mirror put back")
     core.patch_namespaced_config_map("app", "default", {"metadata": {"labels": {"kube-syncer.io/mirror": None}}})
     car.wait(lambda: mirror() is None, "the mirror removal")
 
