@@ -18,14 +18,12 @@ histograms).
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from typing import Iterator, Literal
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from informers.metrics import MetricSet
+from informers.metrics import Histogram, MetricSet
 
 ReconcileResult = Literal["success", "error", "requeue", "requeue_after"]
 RESULTS: tuple[ReconcileResult, ...] = ("success", "error", "requeue", "requeue_after")
@@ -38,15 +36,13 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45,
 class ReconcileMetrics:
     """The reconcile counts of one controller name; ``observe`` records one finished reconcile."""
 
-    __slots__ = ("results", "errors", "terminal_errors", "buckets", "seconds", "active_workers",
-                 "max_concurrent_reconciles")
+    __slots__ = ("results", "errors", "terminal_errors", "durations", "active_workers", "max_concurrent_reconciles")
 
     def __init__(self) -> None:
         self.results = dict.fromkeys(RESULTS, 0)
         self.errors = 0
         self.terminal_errors = 0
-        self.buckets = [0] * (len(BUCKETS) + 1)
-        self.seconds = 0.0
+        self.durations = Histogram(BUCKETS)
         self.active_workers = 0
         self.max_concurrent_reconciles = 0
 
@@ -56,8 +52,7 @@ class ReconcileMetrics:
         if result == "error":
             self.errors += 1
             self.terminal_errors += terminal
-        self.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
-        self.seconds += seconds
+        self.durations.observe(seconds)
 
 
 class _Collector(MetricSet):
@@ -81,13 +76,12 @@ class _Collector(MetricSet):
                                    "controller.", labels=["controller"])
         limit = GaugeMetricFamily("controller_runtime_max_concurrent_reconciles", "Maximum number of concurrent "
                                   "reconciles per controller.", labels=["controller"])
-        bounds = [*map(str, BUCKETS), "+Inf"]
         for name, m in sorted(self.controllers.items()):
             for result, n in m.results.items():
                 total.add_metric([name, result], n)
             errors.add_metric([name], m.errors)
             terminal.add_metric([name], m.terminal_errors)
-            duration.add_metric([name], list(zip(bounds, itertools.accumulate(m.buckets))), m.seconds)
+            duration.add_metric([name], Histogram.buckets([m.durations]), m.durations.total)
             active.add_metric([name], m.active_workers)
             limit.add_metric([name], m.max_concurrent_reconciles)
         yield from (total, errors, terminal, duration, active, limit)

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import bisect
 import heapq
 import itertools
 import time
@@ -22,7 +21,7 @@ from typing import Any, Generic, Hashable, Iterator, TypeVar
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from informers.metrics import MetricSet
+from informers.metrics import Histogram, MetricSet
 
 from .ratelimiter import RateLimiter, default_controller_rate_limiter
 
@@ -34,21 +33,6 @@ class QueueShutDown(Exception):
 
 
 _BUCKETS = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0, 100.0)
-
-
-class _Histogram:
-    """A lock-free histogram for the single-threaded event loop: ``observe`` is a bisect and two additions,
-    against several microseconds for prometheus_client's (which would dominate the queue's own cost)."""
-
-    __slots__ = ("counts", "total")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(_BUCKETS) + 1)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(_BUCKETS, value)] += 1
-        self.total += value
 
 
 class _Collector(MetricSet):
@@ -82,11 +66,8 @@ class _Collector(MetricSet):
             unfinished.add_metric([name], sum(q._unfinished() for q in queues))
             longest.add_metric([name], max(q._longest() for q in queues))
             for family, attr in ((latency, "_latency"), (work, "_work")):
-                counts = [sum(c) for c in zip(*(getattr(q, attr).counts for q in queues))]
-                cumulative = list(itertools.accumulate(counts))
-                bounds = [*map(str, _BUCKETS), "+Inf"]
-                family.add_metric([name], list(zip(bounds, cumulative)),
-                                  sum(getattr(q, attr).total for q in queues))
+                histograms = [getattr(q, attr) for q in queues]
+                family.add_metric([name], Histogram.buckets(histograms), sum(h.total for h in histograms))
         yield from (depth, adds, retries, unfinished, longest, latency, work)
 
 
@@ -117,7 +98,7 @@ class WorkQueue(Generic[T]):
         self._added_at: dict[T, float] = {}
         self._started_at: dict[T, float] = {}
         self._adds = self._retries = 0
-        self._latency, self._work = _Histogram(), _Histogram()
+        self._latency, self._work = Histogram(_BUCKETS), Histogram(_BUCKETS)
         if self._metered:
             _Collector.for_registry(metrics_registry).queues.add(self)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
 import time
@@ -17,7 +18,7 @@ from syncer.leader import LeaderElector
 from syncer.settings import LeaderElection
 from syncer.testing.pytest_plugin import kube_client
 from tests.proxy import Proxy
-from tests.test_syncer import Sidecar
+from tests.test_syncer import sidecars  # noqa: F401 (fixture)
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 CONFIGMAPS = GVR("", "v1", "configmaps")
@@ -26,20 +27,18 @@ LEASE = ('[leader_election]\nenabled = true\nlease_namespace = "default"\nlease_
          'renew_deadline = "4s"\nretry_period = "0.5s"\n')
 
 
-@pytest.fixture
-def cars(tmp_path):
-    started: list[Sidecar] = []
-
-    def start(*args, **kw) -> Sidecar:
-        s = Sidecar(tmp_path, *args, **kw)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        if s.proc.poll() is None:
-            s.proc.send_signal(signal.SIGCONT)
-        s.stop()
+@contextlib.asynccontextmanager
+async def elector_via_proxy(cp, config: LeaderElection, identity: str):
+    """A LeaderElector talking to ``cp`` through a fault-injection Proxy: ``(elector, proxy)``."""
+    proxy = await Proxy(cp.port).start()
+    conf = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(str(cp.kubeconfig), client_configuration=conf)
+    conf.host = f"https://127.0.0.1:{proxy.port}"
+    try:
+        async with ApiClient.from_configuration(conf) as client:
+            yield LeaderElector(client, config, identity=identity), proxy
+    finally:
+        await proxy.stop()
 
 
 class Writes:
@@ -76,12 +75,12 @@ class Writes:
         self._thread.join(10)
 
 
-def test_resumed_leader_writes_nothing_after_the_standby_took_over(control_plane_factory, cars) -> None:
+def test_resumed_leader_writes_nothing_after_the_standby_took_over(control_plane_factory, sidecars) -> None:
     cp = control_plane_factory()
     core = kubernetes.client.CoreV1Api(kube_client(cp))
     core.create_namespaced_config_map("default", {"metadata": {"name": "fenced", "labels": {"fence-test": "true"}}})
     plugin = (str(PLUGINS / "fence_writer.py"),)
-    sc = {n: cars(str(cp.kubeconfig), n, LEASE + f'[plugin_settings.fence_writer]\nidentity = "{n}"\n',
+    sc = {n: sidecars(str(cp.kubeconfig), n, LEASE + f'[plugin_settings.fence_writer]\nidentity = "{n}"\n',
                   plugins=plugin) for n in ("a", "b")}
     writes = Writes(cp, "fenced")
     try:
@@ -110,9 +109,9 @@ def test_resumed_leader_writes_nothing_after_the_standby_took_over(control_plane
         writes.stop()
 
 
-def test_a_controller_stuck_at_lease_loss_makes_the_process_exit(control_plane_factory, cars) -> None:
+def test_a_controller_stuck_at_lease_loss_makes_the_process_exit(control_plane_factory, sidecars) -> None:
     cp = control_plane_factory()
-    car = cars(str(cp.kubeconfig), "a", LEASE, plugins=(str(PLUGINS / "stuck_controller.py"),))
+    car = sidecars(str(cp.kubeconfig), "a", LEASE, plugins=(str(PLUGINS / "stuck_controller.py"),))
     car.wait(lambda: car.controller_state("stubborn") == "running", "the stubborn controller running")
     leases = kubernetes.client.CoordinationV1Api(kube_client(cp))
     lease = leases.read_namespaced_lease("kube-syncer", "default")
@@ -130,34 +129,44 @@ def test_a_controller_stuck_at_lease_loss_makes_the_process_exit(control_plane_f
 async def test_an_unreachable_apiserver_ends_the_term_at_the_renew_deadline(control_plane) -> None:
     config = LeaderElection(enabled=True, lease_name="partition-test", lease_namespace="default",
                             lease_duration=4, renew_deadline=2, retry_period=0.3)
-    proxy = await Proxy(control_plane.port).start()
-    conf = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(str(control_plane.kubeconfig), client_configuration=conf)
-    conf.host = f"https://127.0.0.1:{proxy.port}"
-    try:
-        async with ApiClient.from_configuration(conf) as client:
-            elector = LeaderElector(client, config, identity="partitioned")
-            await asyncio.wait_for(elector.acquire(), 10)
-            fence = elector.fence()
-            holding = asyncio.create_task(elector.hold())
-            await asyncio.sleep(0.8)  # a couple of successful renewals
+    async with elector_via_proxy(control_plane, config, "partitioned") as (elector, proxy):
+        await asyncio.wait_for(elector.acquire(), 10)
+        fence = elector.fence()
+        holding = asyncio.create_task(elector.hold())
+        await asyncio.sleep(0.8)  # a couple of successful renewals
+        assert fence.valid() and not holding.done()
+        # new connections are refused and current ones freeze: requests hang rather than fail
+        proxy.refuse = True
+        proxy.freeze()
+        last = elector._last_renew
+        await asyncio.wait_for(holding, 5)
+        ended = time.monotonic()
+        assert not fence.valid() and not elector.is_leader
+        # ends at the deadline counted from the last success, not a fresh deadline per attempt
+        assert ended - last < config.renew_deadline + 0.5, ended - last
+        assert ended - last >= config.renew_deadline - 0.05
+        # a fenced client refuses writes without sending anything
+        ctx = ControllerContext("c", {}, _NoSource(), elector.client, fence=fence)
+        with pytest.raises(FenceError):
+            await ctx.client.request("POST", CONFIGMAPS.path("default"), body={})
+
+
+async def test_the_leader_keeps_renewing_while_connections_are_cut(control_plane) -> None:
+    config = LeaderElection(enabled=True, lease_name="cut-test", lease_namespace="default",
+                            lease_duration=4, renew_deadline=2, retry_period=0.2)
+    async with elector_via_proxy(control_plane, config, "cut") as (elector, proxy):
+        await asyncio.wait_for(elector.acquire(), 10)
+        fence = elector.fence()
+        holding = asyncio.create_task(elector.hold())
+        renewed = elector._last_renew
+        for _ in range(10):  # cut every connection, mid-request or idle, for three renew deadlines
+            await asyncio.sleep(0.6)
+            proxy.cut()
             assert fence.valid() and not holding.done()
-            # new connections are refused and current ones freeze: requests hang rather than fail
-            proxy.refuse = True
-            proxy.freeze()
-            last = elector._last_renew
-            await asyncio.wait_for(holding, 5)
-            ended = time.monotonic()
-            assert not fence.valid() and not elector.is_leader
-            # ends at the deadline counted from the last success, not a fresh deadline per attempt
-            assert ended - last < config.renew_deadline + 0.5, ended - last
-            assert ended - last >= config.renew_deadline - 0.05
-            # a fenced client refuses writes without sending anything
-            ctx = ControllerContext("c", {}, _NoSource(), client, fence=fence)
-            with pytest.raises(FenceError):
-                await ctx.client.request("POST", CONFIGMAPS.path("default"), body={})
-    finally:
-        await proxy.stop()
+        assert elector._last_renew > renewed
+        holding.cancel()
+        await asyncio.gather(holding, return_exceptions=True)
+        assert fence.valid()
 
 
 class _NoSource:

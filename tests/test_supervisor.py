@@ -111,3 +111,25 @@ async def test_wait_first_returns_the_winner_and_cancels_the_rest() -> None:
     with pytest.raises(asyncio.CancelledError):
         await outer
     assert len(asyncio.all_tasks()) == before
+
+
+async def test_an_idle_event_loop_reports_no_lag() -> None:
+    import socket
+
+    import aiohttp
+
+    from syncer.http import StatusServer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = StatusServer(f"127.0.0.1:{port}", lambda: {}, lambda: (True, []), lambda: True)
+    await server.start()
+    try:
+        await asyncio.sleep(2.7)  # two ticks of the 1 s ticker, 0.7 s after the last (what the old code reported)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                body = await resp.json()
+        assert resp.status == 200 and body["event_loop_lag_seconds"] < 0.35, body
+    finally:
+        await server.stop()
