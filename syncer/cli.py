@@ -29,7 +29,7 @@ from informers import ApiClient, ApiError, CredentialError, DiscoveryClient, Res
 
 from .logs import setup_logging
 from .plugins import PluginError, load_plugins
-from .settings import SETTINGS_ENV, Settings, SettingsError, load_settings
+from .settings import SETTINGS_ENV, Settings, SettingsError, load_settings, settings_reference
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -225,6 +225,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_settings(args: argparse.Namespace) -> int:
+    print(settings_reference(), end="")
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     try:
         version = importlib.metadata.version("kube-syncer")
@@ -284,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     status = with_settings(sub.add_parser("status", help="show a running sidecar's status"), cluster=False)
     status.add_argument("--url", help="status URL (default: from http_bind)")
     status.set_defaults(func=cmd_status)
+    sub.add_parser("settings", help="list every setting: default, type and range, environment variable"
+                   ).set_defaults(func=cmd_settings)
     sub.add_parser("version", help="print the version").set_defaults(func=cmd_version)
     cp = sub.add_parser("controlplane", help="run a local etcd + kube-apiserver until Ctrl-C")
     cp.add_argument("--apiserver-flag", action="append", default=[], metavar="FLAG",

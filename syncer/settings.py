@@ -8,6 +8,7 @@ setting, what a good value looks like, the bad value, and where to fix it.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -345,6 +346,33 @@ def load_settings(path: str | None = None, overrides: Mapping[str, Any] | None =
                 from None
     leader = LeaderElection(**{n.partition(".")[2]: v for n, v in checked.items() if n.startswith("leader_election.")})
     return Settings(**{n: v for n, v in checked.items() if "." not in n}, leader_election=leader, source=path or "")
+
+
+def settings_reference() -> str:
+    """Every setting as a Markdown table (name, default, what it must be, environment variable), made from the
+    checks that ``load_settings`` runs, so documentation built from it cannot drift from what is enforced: a
+    check's own message for a value of the wrong type is its description."""
+    defaults = Settings()
+    done: dict[str, Any] = {}
+    rows = ["| setting | default | must be | environment variable |", "| --- | --- | --- | --- |"]
+    for name, check in _CHECKS.items():
+        default = attrgetter(name)(defaults)
+        try:
+            check(_NOT_A_VALUE, done)
+        except _Invalid as e:
+            expect = e.expect
+        done[name] = check(default, done)
+        shown = _seconds(default) if isinstance(default, float) else json.dumps(
+            list(default) if isinstance(default, tuple) else default)
+        rows.append(f"| `{name}` | `{shown}` | {expect} | `{_env_var(name)}` |")
+    return "\n".join(rows) + "\n"
+
+
+class _NotAValue:
+    """What no check accepts: asking a check about it yields the check's description."""
+
+
+_NOT_A_VALUE = _NotAValue()
 
 
 def _reject_unknown(values: Mapping[str, Any], origins: _Origins) -> None:

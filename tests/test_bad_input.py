@@ -530,3 +530,11 @@ def test_a_controller_waiting_because_of_the_settings_says_why(tmp_path: Path, c
         assert car.log.count("waits for configmaps.v1") == 1
     finally:
         car.stop()
+
+
+def test_the_readme_lists_every_setting_as_enforced() -> None:
+    code, out, err = finish(syncer("settings"))
+    assert code == 0, err
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- settings:begin -->\n", 1)[1].split("<!-- settings:end -->", 1)[0]
+    assert block == out, "README's settings table is stale: paste the output of `syncer settings` into it"
