@@ -20,6 +20,7 @@ from .ratelimiter import (
 )
 from .reconcile import Request, Result, TerminalError
 from .retry import DEFAULT_RETRY, RetryBackoff, retry_on_conflict
+from .union_controller import ManagedSub, SubFactory, UnionController
 from .upsert import OperationResult, create_or_patch, create_or_update
 from .workqueue import QueueShutDown, WorkQueue
 
@@ -33,4 +34,5 @@ __all__ = [
     "retry_on_conflict", "set_controller_reference", "set_owner_reference",
     "Predicate", "ReconcileContext", "ReconcileMetrics", "WatchEvent", "and_", "annotations_changed",
     "generation_changed", "labels_changed", "not_", "or_", "reconcile_metrics", "resource_version_changed",
+    "ManagedSub", "SubFactory", "UnionController",
 ]

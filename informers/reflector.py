@@ -330,6 +330,9 @@ class Reflector:
         transform = self._transform
         counts = self.event_counts
         async with self.client.stream(self.path, params, self.options.inactivity_timeout) as events:
+            # Watching again: the last failure no longer describes the informer (it shows in status and
+            # per-cluster readiness until now).
+            self.last_error = None
             async for ev in events:
                 typ = ev["type"]
                 obj = ev["object"]
