@@ -1,9 +1,12 @@
-"""Controller plugins: modules that contribute named ManagedControllers.
+"""Controller plugins: modules that contribute named ManagedControllers, and webhooks, stores and runnables.
 
 A plugin is a module named by dotted path (``examples.plugins.configmap_mirror``), a ``.py`` file path, or an
-installed package advertising an entry point in the ``syncer.controllers`` group. It defines one hook::
+installed package advertising an entry point in the ``syncer.controllers`` group. It defines one hook or more::
 
     def syncer_controllers(settings: dict) -> dict[str, ManagedController]: ...
+    def syncer_webhooks(settings: dict) -> list[Webhook]: ...      # syncer.webhook: Validating/MutatingWebhook
+    def syncer_stores(settings: dict) -> list[Store]: ...          # syncer.runnables: recovered before controllers
+    def syncer_runnables(settings: dict) -> list[Runnable]: ...    # syncer.runnables: run while leading
 
 ``settings`` is the plugin's own table ``[plugin_settings.<short name>]`` (the module's last name, the file's
 stem, or the entry point's name). Installed entry-point plugins are loaded unless the ``entry_point_plugins``
@@ -20,15 +23,49 @@ import traceback
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from loguru import logger
 
 from controllers import ManagedController
 from informers import GVR
 
+from .runnables import Runnable, Store, check_runnable, check_store
+from .webhook import Webhook
+
 HOOK = "syncer_controllers"
 ENTRY_POINT_GROUP = "syncer.controllers"
+
+
+class _Extension(NamedTuple):
+    """An optional hook next to HOOK: it returns a list of ``noun``s, kept in ``Plugins.<attribute>``; ``check``
+    says what is wrong with an item ("" if nothing), ``key`` is what must be unique across plugins."""
+
+    attribute: str
+    noun: str
+    check: Callable[[Any], str]
+    key: Callable[[Any], str]
+
+
+EXTENSION_HOOKS = {
+    "syncer_webhooks": _Extension("webhooks", "webhook", lambda w: "" if isinstance(w, Webhook) else
+                                  f"{type(w).__name__} is not a ValidatingWebhook or MutatingWebhook",
+                                  lambda w: w.path),
+    "syncer_stores": _Extension("stores", "store", check_store, lambda s: s.name),
+    "syncer_runnables": _Extension("runnables", "runnable", check_runnable, lambda r: r.name),
+}
+
+
+class Plugins(dict[str, ManagedController]):
+    """The loaded plugins: their controllers by name (the dict itself), webhooks, stores and runnables."""
+
+    def __init__(self, controllers: Mapping[str, ManagedController] | None = None, *,
+                 webhooks: Sequence[Webhook] = (), stores: Sequence[Store] = (),
+                 runnables: Sequence[Runnable] = ()) -> None:
+        super().__init__(controllers or {})
+        self.webhooks = list(webhooks)
+        self.stores = list(stores)
+        self.runnables = list(runnables)
 
 
 class PluginError(Exception):
@@ -94,8 +131,29 @@ def _check_controller(origin: str, name: str, controller: ManagedController) -> 
                           "create(ctx) returning the controller's start function")
 
 
-def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, Callable[..., Any]]]:
-    """(origin, name, hook) of the installed entry-point plugins that ``allowed`` lets in (True: all)."""
+def _extensions(origin: str, hook_name: str, hook: Callable[..., Any], settings: dict[str, Any]) -> list[Any]:
+    extension = EXTENSION_HOOKS[hook_name]
+    try:
+        result = hook(settings)
+    except Exception as e:
+        raise PluginError(f"plugin {origin!r}: {hook_name}() raised {type(e).__name__}: {e}") from None
+    if not isinstance(result, (list, tuple)):
+        raise PluginError(f"plugin {origin!r}: {hook_name}() returned {type(result).__name__}, expected a list of "
+                          f"{extension.attribute}")
+    for item in result:
+        problem = extension.check(item)
+        if problem:
+            raise PluginError(f"plugin {origin!r}: {hook_name}() returned an item that is no use: {problem}")
+    return list(result)
+
+
+def _hooks(target: Any) -> dict[str, Callable[..., Any]]:
+    """The hooks a plugin module defines, by name."""
+    return {name: hook for name in (HOOK, *EXTENSION_HOOKS) if callable(hook := getattr(target, name, None))}
+
+
+def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, dict[str, Callable[..., Any]]]]:
+    """(origin, name, hooks by name) of the installed entry-point plugins that ``allowed`` lets in (True: all)."""
     if allowed is False:
         return []
     installed = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
@@ -114,23 +172,24 @@ def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, 
             target = ep.load()
         except BaseException as e:
             raise PluginError(_describe_import_error(origin, e)) from None
-        hook = getattr(target, HOOK, target)
-        if not callable(hook):
+        found = _hooks(target) if isinstance(target, ModuleType) else {HOOK: target} if callable(target) else {}
+        if not found:
             raise PluginError(f"plugin {origin!r} is neither a module with {HOOK}() nor a callable")
-        hooks.append((origin, ep.name, hook))
+        hooks.append((origin, ep.name, found))
     return hooks
 
 
 def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, Any]] | None = None,
-                 entry_points: bool | Collection[str] = True) -> dict[str, ManagedController]:
-    """Import every plugin and collect their controllers; PluginError on the first problem.
+                 entry_points: bool | Collection[str] = True) -> Plugins:
+    """Import every plugin and collect their controllers, webhooks, stores and runnables; PluginError on the first
+    problem (a name defined twice included).
 
     ``entry_points``: load the installed entry-point plugins too (True), none of them (False), or only those
     named. A ``plugin_settings`` table that matches no loaded plugin is logged as a warning: it is a typo or a
     plugin that is not loaded.
     """
     settings = plugin_settings or {}
-    hooks: list[tuple[str, str, Callable[..., Any]]] = []  # (origin, short name, hook)
+    hooks: list[tuple[str, str, dict[str, Callable[..., Any]]]] = []  # (origin, short name, hooks by name)
     for spec in specs:
         try:
             short, module = _import(spec)
@@ -138,21 +197,34 @@ def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, A
             raise
         except BaseException as e:  # a plugin may raise anything on import, SystemExit included
             raise PluginError(_describe_import_error(spec, e)) from None
-        hook = getattr(module, HOOK, None)
-        if not callable(hook):
+        found = _hooks(module)
+        if not found:
             raise PluginError(f"plugin {spec!r} has no function {HOOK}(settings) returning its controllers")
-        hooks.append((spec, short, hook))
+        hooks.append((spec, short, found))
     hooks += _entry_point_hooks(entry_points)
     names = sorted({short for _, short, _ in hooks})
     for table in sorted(set(settings) - set(names)):
         logger.warning("[plugin_settings.{}] matches no loaded plugin and is ignored; loaded plugins: {}",
                        table, ", ".join(names) or "none")
-    found: dict[str, ManagedController] = {}
-    owner: dict[str, str] = {}
-    for origin, short, hook in hooks:
-        for name, controller in _controllers(origin, hook, dict(settings.get(short, {}))).items():
-            if name in found:
-                raise PluginError(f"controller name {name!r} is defined by both plugin {owner[name]!r} and "
-                                  f"plugin {origin!r}; rename one")
-            found[name], owner[name] = controller, origin
-    return found
+    plugins = Plugins()
+    owner: dict[tuple[str, str], str] = {}  # (what, name) -> origin
+
+    def claim(what: str, name: str, origin: str) -> None:
+        if (what, name) in owner:
+            raise PluginError(f"{what} name {name!r} is defined by both plugin {owner[what, name]!r} and "
+                              f"plugin {origin!r}; rename one")
+        owner[what, name] = origin
+
+    for origin, short, found in hooks:
+        own = settings.get(short, {})
+        if HOOK in found:
+            for name, controller in _controllers(origin, found[HOOK], dict(own)).items():
+                claim("controller", name, origin)
+                plugins[name] = controller
+        for hook_name, extension in EXTENSION_HOOKS.items():
+            if hook_name in found:
+                items = _extensions(origin, hook_name, found[hook_name], dict(own))
+                for item in items:
+                    claim(extension.noun, extension.key(item), origin)
+                getattr(plugins, extension.attribute).extend(items)
+    return plugins

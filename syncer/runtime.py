@@ -12,6 +12,11 @@ running ``stop_timeout`` later (it swallowed the cancellation) makes the process
 naming it, without releasing the lease, as controller-runtime does after ``gracefulShutdownTimeout``: a restart
 is the only way to be sure nothing of the old term acts next to the new leader. Background tasks run under a
 Supervisor; ``/healthz`` fails naming any that died or is wedged.
+
+A leadership term runs in seed 001's order: the plugins' stores recover (each retried with backoff until it
+does, see ``runnables.py``), then their runnables and the controllers start; a term that ends first cancels the
+recovery. At the end of a term, controllers and runnables stop together, within the same bound. The admission
+webhook server (``webhook/``) runs on every replica from the start, leader or not, and ``/readyz`` waits for it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,11 @@ from informers.wait import wait_first
 
 from .http import StatusServer
 from .leader import LeaderElector, default_identity
+from .plugins import Plugins
+from .runnables import Runnables, Stores
 from .settings import Settings
+from .webhook.certificates import CertificateError
+from .webhook.service import WebhookService
 
 _LEADER = Gauge("syncer_is_leader", "1 while this replica holds the lease (or election is off).")
 _LEADERSHIPS = Counter("syncer_leadership_acquired_total", "Times this replica became leader.")
@@ -65,9 +74,11 @@ class Syncer:
 
     def __init__(self, settings: Settings, client: ApiClient, controllers: dict[str, ManagedController],
                  identity: str | None = None) -> None:
+        """``controllers``: as ``load_plugins`` returns them, a ``Plugins`` with webhooks, stores and runnables too."""
         self.settings = settings
         self.client = client
         self.controllers = controllers
+        plugins = controllers if isinstance(controllers, Plugins) else Plugins(controllers)
         self.identity = identity or default_identity()
         self.ready = False
         self.factory: DiscoveringDynamicSharedInformerFactory | None = None
@@ -75,7 +86,12 @@ class Syncer:
         self.elector = (LeaderElector(client, settings.leader_election, self.identity)
                         if settings.leader_election.enabled else None)
         self.supervisor = Supervisor("syncer")
-        self.http = StatusServer(settings.http_bind, self.status, self.health, lambda: self.ready)
+        self.stores = Stores(plugins.stores, settings.start_timeout)
+        self.runnables = Runnables(plugins.runnables)
+        self.webhooks = (WebhookService(settings.webhooks, plugins.webhooks, client, self.identity, self.supervisor)
+                         if plugins.webhooks else None)
+        self.http = StatusServer(settings.http_bind, self.status, self.health,
+                                 lambda: self.ready and (self.webhooks is None or self.webhooks.ready))
         self._stuck: list[str] = []
         self._log = logger.bind(identity=self.identity)
 
@@ -98,15 +114,20 @@ class Syncer:
             "controllers": ([s.as_dict() for s in manager.status().values()] if manager else
                             [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.controllers]),
             "tasks": [h.as_dict() for h in self.supervisor.health()],
+            "stores": self.stores.status(),
+            "runnables": self.runnables.status(),
+            "webhooks": self.webhooks.status() if self.webhooks else None,
         }
 
     def health(self) -> tuple[bool, list[dict[str, Any]]]:
-        """Liveness: unhealthy if a controller is stuck or failing, or a background task died or is wedged."""
+        """Liveness: unhealthy if a controller, store, runnable or the webhook server is stuck or failing, or a
+        background task died or is wedged."""
         items = [{"name": f"task {h.name}", "healthy": False,
                   "message": "wedged" if h.wedged else f"{h.state.value}: {h.last_error}"}
                  for h in self.supervisor.problems()]
         if self.manager is not None:
             items += self.manager.health()
+        items += self.stores.health() + self.runnables.health() + (self.webhooks.health() if self.webhooks else [])
         return all(i["healthy"] for i in items), items
 
     # -- run ---------------------------------------------------------------------------------------------
@@ -120,6 +141,8 @@ class Syncer:
                 from None
         self._log.info("serving /healthz /readyz /metrics /status on {}", self.settings.http_bind)
         try:
+            if self.webhooks is not None:
+                await self._start_webhooks()
             if await _until(stop, self._connect()):
                 await _until(stop, self._discover())
                 if self.ready:
@@ -135,6 +158,16 @@ class Syncer:
         if self._stuck:
             raise ControllersStuck(f"controller(s) {', '.join(self._stuck)} did not stop within "
                                    f"{self._stop_timeout():g}s at shutdown; the lease was not released")
+
+    async def _start_webhooks(self) -> None:
+        assert self.webhooks is not None
+        try:
+            await self.webhooks.start()
+        except OSError as e:
+            raise StartupError(f"setting 'webhooks.bind': cannot listen on {self.settings.webhooks.bind}: "
+                               f"{e.strerror or e}") from None
+        except CertificateError as e:
+            raise StartupError(str(e)) from None
 
     async def _connect(self) -> None:
         async for attempt in tenacity.AsyncRetrying(
@@ -191,23 +224,13 @@ class Syncer:
                 if not await _until(stop, self.elector.acquire()):
                     return
                 fence = self.elector.fence()
-            manager = ControllerManager(
-                self.identity, self.factory, self.controllers, client=self.client, workers=self.settings.workers,
-                resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(), fence=fence,
-                start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
-            await manager.start()
-            self.manager = manager
-            _LEADER.set(1)
-            _LEADERSHIPS.inc()
             try:
-                if self.elector is not None:
-                    await _until(stop, self.elector.hold())
-                else:
-                    await stop.wait()
+                # The term's work runs beside the lease renewal: a term that ends first cancels it, recovery too.
+                holding = [self.elector.hold()] if self.elector is not None else []
+                await wait_first(stop.wait(), *holding, self._lead(fence))
             finally:
-                self.manager = None
                 _LEADER.set(0)
-                stuck = await manager.stop()
+                stuck = await self._end_term()
                 if stuck:
                     self._stuck = stuck
                     message = (f"controller(s) {', '.join(stuck)} did not stop within {self._stop_timeout():g}s of "
@@ -216,12 +239,37 @@ class Syncer:
                     self._log.error(message)
                     raise ControllersStuck(message)
 
+    async def _lead(self, fence: Fence) -> None:
+        """One term's work (seed 001's order): recover the stores, start the runnables, then the controllers;
+        then wait to be cancelled at the end of the term."""
+        assert self.factory is not None
+        await self.stores.recover()
+        self.runnables.start()
+        manager = ControllerManager(
+            self.identity, self.factory, self.controllers, client=self.client, workers=self.settings.workers,
+            resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(), fence=fence,
+            start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
+        await manager.start()
+        self.manager = manager
+        _LEADER.set(1)
+        _LEADERSHIPS.inc()
+        await asyncio.Future()  # never done: the term's end cancels it
+
+    async def _end_term(self) -> list[str]:
+        """Stop the term's controllers and runnables together; the names of those still running."""
+        manager, self.manager = self.manager, None
+        self.stores.standby()
+        async with asyncio.TaskGroup() as group:
+            controllers = group.create_task(manager.stop()) if manager is not None else None
+            runnables = group.create_task(self.runnables.stop(self._stop_timeout()))
+        return (controllers.result() if controllers else []) + [f"runnable {n}" for n in runnables.result()]
+
     async def _shutdown(self) -> None:
-        if self.manager is not None:
-            manager, self.manager = self.manager, None
-            self._stuck = await manager.stop()
+        self._stuck += await self._end_term()
         if self.elector is not None and not self._stuck:
             await self.elector.release()
+        if self.webhooks is not None:
+            await self.webhooks.stop()
         if self.factory is not None:
             await self.factory.shutdown()
         await self.client.close()

@@ -13,10 +13,11 @@ import math
 import os
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from dynaconf import Dynaconf
 
@@ -56,6 +57,37 @@ class LeaderElection:
 
 
 @dataclass(frozen=True)
+class Webhooks:
+    """The admission webhook server, table ``[webhooks]``; it runs, on every replica, when a plugin declares
+    webhooks.
+
+    - ``bind``: ``host:port`` it listens on with TLS (in a pod: ``0.0.0.0:9443``, for the API server to reach).
+    - ``cert_dir``: a directory with ``tls.crt``, ``tls.key`` and ``ca.crt`` (a mounted cert-manager Secret),
+      reloaded when they change; ``""``: a self-signed certificate (and CA) for ``hosts``.
+    - ``hosts``: the DNS names and IP addresses of the self-signed certificate.
+    - ``client_ca_file``: require client certificates signed by this CA (the API server's, mutual TLS);
+      ``""``: none required.
+    - ``manage_configurations``: write the ``Validating``/``MutatingWebhookConfiguration`` objects from the
+      plugins' declarations: ``true``, ``false`` or ``"auto"`` (when the API server is on loopback, as with
+      ``syncer run --local``).
+    - ``configuration_name`` (a DNS-1123 subdomain): the name of both objects.
+    - ``url``: the ``https://`` base URL the API server calls in them; ``""``: ``https://`` + ``bind``, with
+      ``127.0.0.1`` for ``0.0.0.0``.
+    - ``probe_namespace`` (a DNS-1123 label): the namespace of the dry-run ConfigMap that shows the API server
+      calls the webhooks (nothing is created).
+    """
+
+    bind: str = "127.0.0.1:9443"
+    cert_dir: str = ""
+    hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
+    client_ca_file: str = ""
+    manage_configurations: bool | Literal["auto"] = "auto"
+    configuration_name: str = "kube-syncer"
+    url: str = ""
+    probe_namespace: str = "default"
+
+
+@dataclass(frozen=True)
 class Settings:
     """The validated, typed settings of a syncer process. Durations are seconds, written ``15s``, ``500ms``,
     ``2m``, ``1h`` or as a number of seconds, and must be > 0 unless said otherwise.
@@ -75,7 +107,8 @@ class Settings:
     - ``log_level`` (any case of ``LOG_LEVELS``), ``log_format`` (``text`` or ``json``).
     - ``shutdown_timeout``: the bound on a graceful stop; ``start_timeout``: the bound on starting the
       controllers after becoming leader.
-    - ``leader_election``: see ``LeaderElection``. ``source``: the settings file read (not a setting).
+    - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``. ``source``: the settings
+      file read (not a setting).
     """
 
     kubeconfig: str = ""
@@ -97,6 +130,7 @@ class Settings:
     shutdown_timeout: float = 20.0
     start_timeout: float = 60.0
     leader_election: LeaderElection = field(default_factory=LeaderElection)
+    webhooks: Webhooks = field(default_factory=Webhooks)
     plugin_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""
 
@@ -105,7 +139,7 @@ class Settings:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, LeaderElection):
+            if isinstance(value, (LeaderElection, Webhooks)):
                 value = {g.name: getattr(value, g.name) for g in fields(value)}
             out[f.name] = _mask(f.name, value)
         return out
@@ -267,6 +301,36 @@ def _kubeconfig(value: Any, done: Mapping[str, Any]) -> str:
     return path
 
 
+def _existing(kind: str) -> _Check:
+    """The path of an existing ``kind`` ("file" or "directory"), or ``""`` for none."""
+    def check(value: Any, done: Mapping[str, Any]) -> str:
+        expect = f"the path of an existing {kind} or an empty string"
+        if not isinstance(value, str):
+            raise _Invalid(expect)
+        if value and not (Path(value).is_dir() if kind == "directory" else Path(value).is_file()):
+            raise _Invalid(expect, "it does not exist")
+        return value
+    return check
+
+
+def _auto_or_boolean(value: Any, done: Mapping[str, Any]) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    if value == "auto":
+        return "auto"
+    raise _Invalid("true, false or \"auto\"")
+
+
+def _https_url(value: Any, done: Mapping[str, Any]) -> str:
+    if value == "":
+        return ""
+    parts = urllib.parse.urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme != "https" or not parts.hostname or parts.query or parts.fragment:
+        raise _Invalid("an https:// URL without query or fragment, like 'https://127.0.0.1:9443', or an empty "
+                       "string for one made of 'webhooks.bind'")
+    return str(value)
+
+
 def _plugin_tables(value: Any, done: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     expect = "a table of per-plugin tables ([plugin_settings.<plugin name>])"
     if not isinstance(value, dict):
@@ -304,9 +368,17 @@ _CHECKS: dict[str, _Check] = {
     "leader_election.lease_duration": _duration(),
     "leader_election.renew_deadline": _duration(below="leader_election.lease_duration"),
     "leader_election.retry_period": _duration(below="leader_election.renew_deadline"),
+    "webhooks.bind": _host_port,
+    "webhooks.cert_dir": _existing("directory"),
+    "webhooks.hosts": _strings("DNS names or IP addresses"),
+    "webhooks.client_ca_file": _existing("file"),
+    "webhooks.manage_configurations": _auto_or_boolean,
+    "webhooks.configuration_name": _dns_name("subdomain"),
+    "webhooks.url": _https_url,
+    "webhooks.probe_namespace": _dns_name("label"),
     "plugin_settings": _plugin_tables,
 }
-_TABLES = ("leader_election",)  # settings that are tables of settings (checked key by key above)
+_TABLES = ("leader_election", "webhooks")  # settings that are tables of settings (checked key by key above)
 
 
 def _env_var(name: str) -> str:
@@ -344,8 +416,14 @@ def load_settings(path: str | None = None, overrides: Mapping[str, Any] | None =
             detail = f" ({e.detail})" if e.detail else ""
             raise SettingsError(f"setting {name!r} must be {e.expect}, got {got}{detail}; {origins.fix(name)}") \
                 from None
-    leader = LeaderElection(**{n.partition(".")[2]: v for n, v in checked.items() if n.startswith("leader_election.")})
-    return Settings(**{n: v for n, v in checked.items() if "." not in n}, leader_election=leader, source=path or "")
+    return Settings(**{n: v for n, v in checked.items() if "." not in n},
+                    leader_election=LeaderElection(**_table(checked, "leader_election")),
+                    webhooks=Webhooks(**_table(checked, "webhooks")), source=path or "")
+
+
+def _table(checked: Mapping[str, Any], table: str) -> dict[str, Any]:
+    """The checked settings of ``[table]``, by key."""
+    return {n.partition(".")[2]: v for n, v in checked.items() if n.startswith(f"{table}.")}
 
 
 def settings_reference() -> str:

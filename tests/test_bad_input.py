@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from syncer.settings import LeaderElection, Settings, SettingsError, load_settings
+from syncer.settings import LeaderElection, Settings, SettingsError, Webhooks, load_settings
 from syncer.testing import ControlPlane
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,7 +234,7 @@ CASES: dict[str, Case] = {
         "unknown setting 'wokers' in settings file '@SETTINGS@' (did you mean 'workers'?); known settings are "
         "check_permissions, context, entry_point_plugins, exclude, http_bind, in_cluster, include, kubeconfig, "
         "leader_election, log_format, log_level, namespace, plugin_settings, plugins, preferred_version_only, "
-        "rediscovery_interval, resync, shutdown_timeout, start_timeout, workers"),
+        "rediscovery_interval, resync, shutdown_timeout, start_timeout, webhooks, workers"),
     "unknown-nested": Case(
         "[leader_election]\nenable = true",
         "unknown setting 'leader_election.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); "
@@ -313,14 +313,15 @@ def test_every_setting_is_type_checked_and_documented(tmp_path: Path, monkeypatc
     """A wrong type for any setting (here: a table) is rejected naming the setting; each one is documented."""
     for name in [k for k in os.environ if k.startswith("SYNCER_")]:
         monkeypatch.delenv(name)
-    names = [f.name for f in fields(Settings) if f.name not in ("source", "leader_election")]
-    names += [f"leader_election.{f.name}" for f in fields(LeaderElection)]
+    tables = {"leader_election": LeaderElection, "webhooks": Webhooks}
+    names = [f.name for f in fields(Settings) if f.name not in ("source", *tables)]
+    names += [f"{t}.{f.name}" for t, cls in tables.items() for f in fields(cls)]
     for name in names:
         table, _, key = name.rpartition(".")
         (tmp_path / "s.toml").write_text(f"[{table}]\n" * bool(table) + f"{key} = {{bogus = 1}}\n")
         with pytest.raises(SettingsError, match=rf"^setting '{name}' must be .*, got \{{"):
             load_settings(str(tmp_path / "s.toml"))
-        assert f"``{key}``" in ((LeaderElection if table else Settings).__doc__ or ""), name
+        assert f"``{key}``" in ((tables[table] if table else Settings).__doc__ or ""), name
 
 
 def test_settings_env_var_names_the_file_and_env_overrides_work(closed_kubeconfig: Path) -> None:
@@ -442,7 +443,19 @@ def test_ctrl_c_while_the_local_control_plane_starts(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     code, out, err = finish(proc)
     assert (code, err) == (130, "interrupted\n"), out
-    assert not [pid for pid in spawned if Path(f"/proc/{pid}").exists()]
+    # the kernel kills them as their parent exits, asynchronously: wait (bounded) until none is running
+    deadline = time.monotonic() + 10
+    while running := [pid for pid in spawned if _running(pid)]:
+        assert time.monotonic() < deadline, f"control plane processes left running: {running}"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_local_hint_fits_the_settings(tmp_path: Path) -> None:

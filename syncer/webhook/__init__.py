@@ -1,0 +1,14 @@
+"""Admission webhooks served by the sidecar: what a plugin declares and returns.
+
+A plugin's hook ``syncer_webhooks(settings) -> list[Webhook]`` declares ``ValidatingWebhook`` and
+``MutatingWebhook`` objects; each handler is ``async def handler(request: AdmissionRequest) -> Allow | Deny``.
+The modules: ``review`` (the AdmissionReview wire format), ``declaration`` (the declarations), ``certificates``
+(TLS), ``server`` (serving), ``configuration`` (managed configuration objects), ``service`` (all of it, with
+readiness, as the sidecar runs it).
+"""
+
+from .declaration import AdmissionRule, Handler, MutatingWebhook, ValidatingWebhook, Webhook
+from .review import AdmissionRequest, Allow, Deny, Verdict
+
+__all__ = ["AdmissionRequest", "AdmissionRule", "Allow", "Deny", "Handler", "MutatingWebhook", "ValidatingWebhook",
+           "Verdict", "Webhook"]

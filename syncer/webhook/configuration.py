@@ -1,0 +1,191 @@
+"""Managed configurations: the sidecar writes its ``ValidatingWebhookConfiguration`` and
+``MutatingWebhookConfiguration`` from the plugins' declarations, and proves that the API server calls it.
+
+What differs from controller-runtime (which never writes configurations: kubebuilder generates them, envtest
+installs them) and kopf (which writes them, but then takes any object of that name as its own), and why:
+
+- Only objects labelled ``app.kubernetes.io/managed-by=kube-syncer`` are updated or deleted. An object of the
+  same name without the label belongs to someone else: it is left alone and the error names the setting to
+  change. An object is deleted at shutdown only if this process wrote it last (annotation
+  ``kube-syncer.io/written-by``, and a ``resourceVersion`` precondition), so a replica stopping does not delete
+  what another one has just written.
+- Each object also carries a probe webhook that sees only dry-run ConfigMaps labelled for it, in one namespace,
+  with ``failurePolicy: Ignore``. The API server loads configurations asynchronously, so an object written is no
+  proof that it calls us; a server-side dry run that our probe answers is (envtest only waits for the objects to
+  exist, and other projects retry a dry run of their own resources, which needs an object that passes them).
+- The configurations point at ``clientConfig.url`` with our CA bundle: the API server reaches the sidecar
+  without a Service (a local control plane, a replica reachable at ``url``). A deployment behind a Service
+  declares its configurations in its manifests instead (and cert-manager injects the CA).
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from typing import Any, Sequence
+
+from controllers import retry_on_conflict
+from informers import GVR, ApiClient, ApiError, Conflict, NotFound, ResourceClient
+
+from .declaration import AdmissionRule, Handler, MutatingWebhook, ValidatingWebhook, Webhook
+from .review import AdmissionRequest, Allow, Verdict
+
+MANAGED_BY_LABEL, MANAGED_BY = "app.kubernetes.io/managed-by", "kube-syncer"
+WRITER_ANNOTATION = "kube-syncer.io/written-by"
+PROBE_LABEL = "kube-syncer.io/webhook-probe"
+PROBE_NONCE_ANNOTATION = "kube-syncer.io/webhook-probe-nonce"
+PROBE_NAME = "probe.webhooks.kube-syncer.io"
+CONFIGMAPS = GVR("", "v1", "configmaps")
+_KINDS = {"validating": ("ValidatingWebhookConfiguration",
+                         GVR("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations")),
+          "mutating": ("MutatingWebhookConfiguration",
+                       GVR("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"))}
+_PROBE_TIMEOUT = 5
+
+
+class ConfigurationError(Exception):
+    """A configuration object cannot be managed; the message names the setting to change."""
+
+
+class ManagedConfigurations:
+    """The two configuration objects named ``name``, pointing at ``base_url`` + each webhook's path.
+
+    ``probes`` are the probe webhooks to serve next to the plugins' ones; ``apply(ca_bundle)`` writes the
+    objects, ``probe()`` sends one dry run and says whether both probes have seen it since the last ``apply``,
+    ``remove()`` deletes what this process wrote.
+    """
+
+    def __init__(self, client: ApiClient, name: str, identity: str, base_url: str, webhooks: Sequence[Webhook],
+                 probe_namespace: str) -> None:
+        self.client = client
+        self.name = name
+        self.identity = identity
+        self.base_url = base_url.rstrip("/")
+        self.probe_namespace = probe_namespace
+        self._nonce = ""
+        self._seen: set[str] = set()
+        self._applied = False  # whether apply() ran: before that, nothing of ours can exist to remove
+        probe: dict[str, Any] = {
+            "name": PROBE_NAME, "failure_policy": "Ignore", "timeout_seconds": _PROBE_TIMEOUT,
+            "object_selector": {"matchLabels": {PROBE_LABEL: name}},
+            "namespace_selector": {"matchLabels": {"kubernetes.io/metadata.name": probe_namespace}},
+            "rules": [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])]}
+        self.probes: list[Webhook] = [ValidatingWebhook(handler=self._probe_handler("validating"), **probe),
+                                      MutatingWebhook(handler=self._probe_handler("mutating"), **probe)]
+        self.webhooks = [*webhooks, *self.probes]
+
+    def url(self, webhook: Webhook) -> str:
+        """Where the API server calls ``webhook``."""
+        return self.base_url + webhook.path
+
+    async def apply(self, ca_bundle: bytes) -> list[str]:
+        """Create or update both objects; returns what was written (e.g. ``created ValidatingWebhookConfiguration
+        kube-syncer``), nothing when they are as declared. A write starts a new probe round."""
+        written = []
+        self._applied = True
+        for kind, (kind_name, gvr) in _KINDS.items():
+            entries = [self._entry(w, ca_bundle) for w in self.webhooks if w.kind == kind]
+            action = await retry_on_conflict(lambda: self._write(kind_name, gvr, entries))
+            if action:
+                written.append(f"{action} {kind_name} {self.name}")
+        if written or not self._nonce:
+            self._nonce, self._seen = secrets.token_hex(8), set()
+        return written
+
+    async def probe(self) -> bool:
+        """Send one server-side dry run that the probes see; True once both have seen one since the last write."""
+        if self.called:
+            return True
+        try:
+            await ResourceClient(self.client, CONFIGMAPS, namespaced=True).create({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"generateName": "kube-syncer-webhook-probe-", "namespace": self.probe_namespace,
+                             "labels": {PROBE_LABEL: self.name}, "annotations": {PROBE_NONCE_ANNOTATION: self._nonce}},
+            }, dry_run=True)
+        except ApiError:
+            if not self.called:
+                raise
+            # Rejected after our probes answered (another webhook, a quota): the API server did call us.
+        return self.called
+
+    @property
+    def called(self) -> bool:
+        """Whether the API server called both probes with the configurations last written."""
+        return bool(self._nonce) and self._seen == set(_KINDS)
+
+    async def remove(self) -> list[str]:
+        """Delete the objects this process wrote last; returns what was deleted."""
+        removed: list[str] = []
+        if not self._applied:
+            return removed
+        for kind_name, gvr in _KINDS.values():
+            client = ResourceClient(self.client, gvr, namespaced=False)
+            try:
+                current = await client.get(self.name)
+                meta = current["metadata"]
+                if _ours(meta) and (meta.get("annotations") or {}).get(WRITER_ANNOTATION) == self.identity:
+                    await client.delete(self.name, resource_version=meta["resourceVersion"])
+                    removed.append(f"{kind_name} {self.name}")
+            except (NotFound, Conflict):
+                pass  # gone already, or rewritten by another replica since: theirs now
+        return removed
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _probe_handler(self, kind: str) -> Handler:
+        async def handler(request: AdmissionRequest) -> Verdict:
+            annotations = ((request.object or {}).get("metadata") or {}).get("annotations") or {}
+            if self._nonce and annotations.get(PROBE_NONCE_ANNOTATION) == self._nonce:
+                self._seen.add(kind)
+            return Allow()
+        return handler
+
+    async def _write(self, kind_name: str, gvr: GVR, entries: list[dict[str, Any]]) -> str:
+        client = ResourceClient(self.client, gvr, namespaced=False)
+        try:
+            current = await client.get(self.name)
+        except NotFound:
+            await client.create({
+                "apiVersion": gvr.group_version, "kind": kind_name,
+                "metadata": {"name": self.name, "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+                             "annotations": {WRITER_ANNOTATION: self.identity}},
+                "webhooks": entries})
+            return "created"
+        meta = current["metadata"]
+        if not _ours(meta):
+            raise ConfigurationError(
+                f"{kind_name} {self.name!r} exists and was not created by kube-syncer (it has no label "
+                f"{MANAGED_BY_LABEL}={MANAGED_BY}), so it is left alone; set 'webhooks.configuration_name' to "
+                "another name")
+        existing = current.get("webhooks") or []
+        # Compared on the fields we write: the API server adds defaults of its own (e.g. matchConditions). The
+        # writer is claimed too, so that the process running now is the one that deletes them when it stops.
+        if len(existing) == len(entries) and all({k: e.get(k) for k in want} == want
+                                                 for e, want in zip(existing, entries)) and \
+                (meta.get("annotations") or {}).get(WRITER_ANNOTATION) == self.identity:
+            return ""
+        current["webhooks"] = entries
+        meta.setdefault("annotations", {})[WRITER_ANNOTATION] = self.identity
+        await client.update(current)
+        return "updated"
+
+    def _entry(self, webhook: Webhook, ca_bundle: bytes) -> dict[str, Any]:
+        entry = {
+            "name": webhook.name,
+            "clientConfig": {"url": self.url(webhook), "caBundle": base64.b64encode(ca_bundle).decode()},
+            "rules": [r.as_dict() for r in webhook.rules],
+            "failurePolicy": webhook.failure_policy,
+            "sideEffects": webhook.side_effects,
+            "timeoutSeconds": webhook.timeout_seconds,
+            "matchPolicy": webhook.match_policy,
+            # Written as the API server defaults them, so that an unchanged declaration compares equal.
+            "namespaceSelector": dict(webhook.namespace_selector or {}),
+            "objectSelector": dict(webhook.object_selector or {}),
+            "admissionReviewVersions": list(webhook.review_versions),
+        }
+        if isinstance(webhook, MutatingWebhook):
+            entry["reinvocationPolicy"] = webhook.reinvocation_policy
+        return entry
+
+
+def _ours(meta: dict[str, Any]) -> bool:
+    return (meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY

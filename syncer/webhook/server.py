@@ -1,0 +1,199 @@
+"""The admission webhook server: declared webhooks served over TLS by aiohttp, on every replica.
+
+What differs from controller-runtime's webhook server and kopf's, and why:
+
+- Every failure has its own answer, never a 500 with a stack trace. A body that is no AdmissionReview is a 400
+  (wrong ``Content-Type`` 415, larger than 7 MiB 413, like controller-runtime's limit), each a ``Status`` object
+  whose message says what was wrong. A handler that raises, or returns something that is no verdict (a patch from
+  a validating webhook, a malformed JSON-patch operation), is a *deny* with code 500 and a message naming the
+  error and the request uid, and is logged with the traceback and the uid: the client learns why, the operator
+  finds the log line.
+- A handler that is too slow is cancelled shortly before the API server would give up (``handler_timeout``, from
+  the ``timeout`` the API server puts in the URL, else the declared ``timeoutSeconds``) and answered with a 504
+  ``Status``: the API server treats that as a failed call and applies the webhook's ``failurePolicy`` (``Fail``:
+  the request is rejected and the client reads our "did not answer within" message; ``Ignore``: admitted), as it
+  would after its own timeout, but the handler does not keep running unowned and the message says which handler
+  it was. kopf lets a slow handler run on.
+- With mutual TLS, client certificates are optional in the handshake and required per request (401 without one):
+  a handshake that fails tells the API server nothing, a 401 ``Status`` tells the operator what is missing, and the
+  readiness self-dial needs no client certificate of its own.
+- ``self_dial`` checks that the listener serves the certificate now loaded (and that the CA bundle, when known,
+  verifies it), as controller-runtime's ``StartedChecker`` dials TLS; see ``service.py`` for the rest of readiness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Any, Awaitable, Callable, Sequence
+
+import orjson
+from aiohttp import web
+from loguru import logger
+from prometheus_client import Counter, Gauge, Histogram
+
+from .certificates import ServingCertificates
+from .declaration import MAX_TIMEOUT, MutatingWebhook, Webhook, handler_timeout
+from .review import AdmissionRequest, Allow, Deny, ReviewError, Verdict, check_patch, parse_review, review_response
+
+MAX_BODY = 7 * 1024 * 1024
+_DIAL_TIMEOUT = 5.0
+_REQUESTS = Counter("controller_runtime_webhook_requests_total", "Admission requests by webhook path and HTTP code.",
+                    ["webhook", "code"])
+_LATENCY = Histogram("controller_runtime_webhook_latency_seconds", "Admission request latency by webhook path.",
+                     ["webhook"])
+_IN_FLIGHT = Gauge("controller_runtime_webhook_requests_in_flight", "Admission requests being served.", ["webhook"])
+_log = logger.bind(component="webhook server")
+
+
+class WebhookServer:
+    """Serves ``webhooks`` at their paths on ``host:port`` with ``certificates``' TLS context."""
+
+    def __init__(self, host: str, port: int, webhooks: Sequence[Webhook], certificates: ServingCertificates) -> None:
+        self.host, self.port = host, port
+        self.webhooks = list(webhooks)
+        self.certificates = certificates
+        self.require_client_cert = bool(certificates.client_ca_file)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Bind and serve (OSError if the address is taken)."""
+        app = web.Application(client_max_size=MAX_BODY)
+        for webhook in self.webhooks:
+            app.router.add_post(webhook.path, self._route(webhook))
+        # In-flight requests end within their handler's timeout: stopping waits that long, not aiohttp's 60 s.
+        grace = max((w.timeout_seconds for w in self.webhooks), default=1) + 1.0
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port, ssl_context=self.certificates.context).start()
+        except BaseException:
+            await self._runner.cleanup()
+            self._runner = None
+            raise
+
+    async def stop(self) -> None:
+        """Stop accepting; requests in flight are answered first (each within its handler timeout)."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def self_dial(self) -> str:
+        """What is wrong with a TLS handshake with our own listener ("" if it sees the certificate now loaded)."""
+        host = loopback_for(self.host)
+        bundle = self.certificates.ca_bundle
+        context = ssl.create_default_context(cadata=bundle.decode()) if bundle else ssl.create_default_context()
+        # The certificate names the hosts the API server uses, which need not include this dial's address.
+        context.check_hostname = False
+        if not bundle:
+            context.verify_mode = ssl.CERT_NONE
+        try:
+            async with asyncio.timeout(_DIAL_TIMEOUT):
+                _, writer = await asyncio.open_connection(host, self.port, ssl=context)
+        except (OSError, TimeoutError) as e:
+            return f"TLS self-dial of {host}:{self.port} failed: {type(e).__name__}: {e}"
+        try:
+            ssl_object = writer.get_extra_info("ssl_object")
+            served = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass  # the server may drop a connection that sent nothing: the handshake is what counted
+        if served != self.certificates.leaf_der:
+            return f"TLS self-dial of {host}:{self.port} saw another certificate than the one loaded"
+        return ""
+
+    def _route(self, webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            started = time.monotonic()
+            _IN_FLIGHT.labels(webhook.path).inc()
+            try:
+                response = await self._serve(webhook, request)
+            finally:
+                _IN_FLIGHT.labels(webhook.path).dec()
+            _REQUESTS.labels(webhook.path, str(response.status)).inc()
+            _LATENCY.labels(webhook.path).observe(time.monotonic() - started)
+            return response
+        return handle
+
+    async def _serve(self, webhook: Webhook, request: web.Request) -> web.Response:
+        if self.require_client_cert and not (request.transport and request.transport.get_extra_info("peercert")):
+            return _status(401, "a client certificate signed by the CA of setting 'webhooks.client_ca_file' is "
+                                "required (configure the API server's AdmissionConfiguration kubeConfigFile)")
+        if request.content_type != "application/json":
+            return _status(415, f"Content-Type must be application/json, got {request.content_type!r}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _status(413, f"the body is larger than {MAX_BODY} bytes")
+        try:
+            review = parse_review(body)
+        except ReviewError as e:
+            return _status(400, f"not an AdmissionReview request: {e}")
+        if review.review_version not in webhook.review_versions:
+            return _status(400, f"webhook {webhook.name} accepts AdmissionReview "
+                                f"{', '.join(webhook.review_versions)}, got {review.review_version}")
+        timeout = _timeout(webhook, request.query.get("timeout", ""))
+        log = _log.bind(webhook=webhook.name, uid=review.uid)
+        what = f"{review.operation} {review.resource.resource} {_object_name(review)}"
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                returned: Any = await webhook.handler(review)
+        except Exception as e:
+            if isinstance(e, TimeoutError) and deadline.expired():
+                log.warning("admission handler did not answer within {:g}s: {}", timeout, what)
+                return _status(504, f"admission webhook {webhook.name} did not answer within {timeout:g}s "
+                                    f"(request uid {review.uid})")
+            log.opt(exception=e).error("admission handler raised: {}", what)
+            problem = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        else:
+            problem = _problem(webhook, returned)
+            if problem:
+                log.error("admission handler returned no usable verdict: {}: {}", what, problem)
+        verdict: Verdict = (Deny(f"internal error in the admission handler: {problem} (request uid {review.uid})",
+                                 code=500) if problem else returned)
+        log.debug("{}: {}", what,
+                  "allowed" if isinstance(verdict, Allow) else f"denied ({verdict.code}: {verdict.message})")
+        return web.Response(body=review_response(review, verdict), content_type="application/json")
+
+
+def loopback_for(host: str) -> str:
+    """Where to reach a listener bound to ``host`` from this machine: loopback for a wildcard address."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def _timeout(webhook: Webhook, requested: str) -> float:
+    """The handler's time: a share of the API server's ``?timeout=10s`` (the configuration it really uses), or
+    of the declared ``timeout_seconds`` when the parameter is missing or unreadable."""
+    try:
+        asked = float(requested.removesuffix("s"))
+    except ValueError:
+        asked = 0.0
+    return handler_timeout(asked if 0 < asked <= MAX_TIMEOUT else webhook.timeout_seconds)
+
+
+def _problem(webhook: Webhook, verdict: Verdict) -> str:
+    """What is wrong with a handler's return value ("" if nothing)."""
+    if not isinstance(verdict, (Allow, Deny)):
+        return f"the handler returned {type(verdict).__name__}, expected Allow(...) or Deny(...)"
+    if isinstance(verdict.warnings, str) or not all(isinstance(w, str) for w in verdict.warnings):
+        return f"warnings must be a list of strings, got {verdict.warnings!r}"
+    if isinstance(verdict, Allow) and verdict.patch:
+        if not isinstance(webhook, MutatingWebhook):
+            return "a validating webhook cannot change the object: its Allow() must not carry a patch"
+        return check_patch(verdict.patch)
+    return ""
+
+
+def _object_name(review: AdmissionRequest) -> str:
+    name = review.name or "(name to be generated)"
+    return f"{review.namespace}/{name}" if review.namespace else name
+
+
+def _status(code: int, message: str) -> web.Response:
+    """An error answer the API server's client decodes: its message ends up in the rejection it reports."""
+    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "message": message}
+    return web.Response(body=orjson.dumps(body), status=code, content_type="application/json")

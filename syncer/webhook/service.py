@@ -1,0 +1,224 @@
+"""The sidecar's webhook service: certificates, server, managed configurations and readiness, as one unit.
+
+What differs from controller-runtime's webhook server readiness (a TLS dial) and kopf's (none), and why:
+ready means that the API server can use us, which takes two proofs. The TLS self-dial shows the listener serves
+the certificate loaded; with managed configurations, a server-side dry run answered by our probe webhooks shows
+that the API server has picked up the configurations and reaches us with them, which it does asynchronously,
+some time after they are written. Without managed configurations the sidecar cannot make the API server call it
+(and a Service in front of the pods routes only to ready ones), so the self-dial alone decides.
+
+The service runs on every replica, leader or not: the API server calls whichever replica it reaches. Two
+supervised tasks belong to it, cancelled and awaited by ``stop()``: the certificate poll (``cert_dir`` only) and
+the upkeep, which dials, writes the configurations, probes until called, and then checks again every 30 s or when
+the certificate changed, rewriting the configurations if someone removed or edited them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import urllib.parse
+from typing import Any, Sequence
+
+from loguru import logger
+
+from informers import ApiClient, ApiError, Backoff, Supervisor, TaskHandle
+from informers.client import CONNECTION_ERRORS
+
+from ..settings import Webhooks
+from .certificates import CertificateError, ServingCertificates
+from .configuration import ConfigurationError, ManagedConfigurations
+from .declaration import Webhook
+from .server import WebhookServer, loopback_for
+
+_POLL_CERTIFICATES = 1.0
+_UPKEEP_INTERVAL = 30.0
+# How long after a configuration write the API server must have called the probes; past it, the upkeep reports
+# that it cannot reach us and tries again.
+_PROBE_WITHIN = 30.0
+_PROBE_EVERY = (0.2, 2.0)  # the first and the longest pause between probes
+_REMOVE_WITHIN = 5.0
+_UPKEEP_ERRORS = (ApiError, ConfigurationError, CertificateError, *CONNECTION_ERRORS)
+_log = logger.bind(component="webhooks")
+
+
+class NotCalled(Exception):
+    """The API server did not call the probes in time."""
+
+
+class WebhookService:
+    """The webhook server of one sidecar process, configured by ``settings`` (``[webhooks]``)."""
+
+    def __init__(self, settings: Webhooks, webhooks: Sequence[Webhook], client: ApiClient, identity: str,
+                 supervisor: Supervisor) -> None:
+        self.settings = settings
+        self.supervisor = supervisor
+        host, _, port = settings.bind.rpartition(":")
+        self.certificates = ServingCertificates(settings.cert_dir, settings.hosts, settings.client_ca_file)
+        self.configurations = (ManagedConfigurations(client, settings.configuration_name, identity,
+                                                     settings.url or _url(host, int(port)), webhooks,
+                                                     settings.probe_namespace)
+                               if _manages(settings.manage_configurations, client.host) else None)
+        served = self.configurations.webhooks if self.configurations else list(webhooks)
+        self.server = WebhookServer(host, int(port), served, self.certificates)
+        self.dialed = False
+        self.called = False
+        self.last_error = ""
+        self._changed = asyncio.Event()
+        self._tasks: list[str] = []
+
+    @property
+    def ready(self) -> bool:
+        """The listener serves our certificate and, with managed configurations, the API server called us."""
+        return self.dialed and (self.called or self.configurations is None)
+
+    async def start(self) -> None:
+        """Load the certificate, listen, and start the upkeep. CertificateError / OSError (address taken) say
+        which setting to fix."""
+        await self.certificates.load()
+        if self.configurations is not None and self.certificates.ca_bundle is None:
+            raise CertificateError(f"setting 'webhooks.cert_dir': {self.settings.cert_dir} has no ca.crt, which the "
+                                   "managed configurations need as their caBundle; add it (cert-manager's Secrets "
+                                   "have it) or set webhooks.manage_configurations = false")
+        await self.server.start()
+        probes = len(self.configurations.probes) if self.configurations else 0
+        _log.info("serving {} admission webhook(s){} on https://{} ({} certificate{})",
+                  len(self.server.webhooks) - probes, " and the readiness probes" if probes else "",
+                  self.settings.bind, self.certificates.source,
+                  ", client certificates required" if self.server.require_client_cert else "")
+        if self.settings.cert_dir:
+            self._spawn("webhook certificate reload", self._poll_certificates)
+        self._spawn("webhook upkeep", self._upkeep)
+
+    async def stop(self) -> None:
+        """Stop the upkeep, delete the configurations this process wrote, and stop serving once the requests in
+        flight are answered."""
+        for name in self._tasks:
+            await self.supervisor.cancel(name)
+        self._tasks.clear()
+        if self.configurations is not None:
+            try:
+                async with asyncio.timeout(_REMOVE_WITHIN):
+                    for what in await self.configurations.remove():
+                        _log.info("deleted {}", what)
+            except _UPKEEP_ERRORS as e:  # TimeoutError included: an unreachable API server must not hold the stop
+                _log.warning("could not delete the webhook configurations: {}", _describe(e))
+        await self.server.stop()
+        self.certificates.close()
+
+    def health(self) -> list[dict[str, Any]]:
+        """One ``{name, healthy, message}``: unhealthy while the upkeep fails (self-dial, configurations, probe)."""
+        message = self.last_error or ("ready" if self.ready else "not ready yet")
+        return [{"name": "webhook server", "healthy": not self.last_error, "message": message}]
+
+    def status(self) -> dict[str, Any]:
+        """Readiness, certificate, configurations and the webhooks served."""
+        return {
+            "ready": self.ready, "self_dial": self.dialed, "called_by_api_server": self.called,
+            "bind": self.settings.bind, "last_error": self.last_error,
+            "certificate": self.certificates.status(),
+            "configurations": (f"managed: {self.configurations.name}" if self.configurations else "not managed"),
+            "webhooks": [{"name": w.name, "kind": w.kind, "path": w.path, "failure_policy": w.failure_policy,
+                          "timeout_seconds": w.timeout_seconds,
+                          **({"url": self.configurations.url(w)} if self.configurations else {})}
+                         for w in self.server.webhooks],
+        }
+
+    # -- tasks -------------------------------------------------------------------------------------------
+    def _spawn(self, name: str, body: Any) -> None:
+        self.supervisor.spawn(name, body)
+        self._tasks.append(name)
+
+    async def _poll_certificates(self, handle: TaskHandle) -> None:
+        while True:
+            await asyncio.sleep(_POLL_CERTIFICATES)
+            if await self.certificates.reload():
+                self._changed.set()  # a new CA goes into the configurations at once
+
+    async def _upkeep(self, handle: TaskHandle) -> None:
+        backoff = Backoff(initial=0.5, cap=30.0, jitter=0.5)
+        while True:
+            try:
+                await self._check()
+            except (*_UPKEEP_ERRORS, NotCalled) as e:
+                error = _describe(e)
+                if error != self.last_error:
+                    _log.warning("webhooks: {}", error)
+                self.last_error = error
+                handle.failed(e)
+                await asyncio.sleep(backoff.next())
+                continue
+            if self.last_error:
+                _log.info("webhooks: recovered from: {}", self.last_error)
+            self.last_error = ""
+            handle.succeeded()
+            backoff.reset()
+            try:
+                async with asyncio.timeout(_UPKEEP_INTERVAL):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+            self._changed.clear()
+
+    async def _check(self) -> None:
+        problem = await self.server.self_dial()
+        if problem:
+            raise ConnectionError(problem)
+        if not self.dialed:
+            self.dialed = True
+            _log.info("webhook server answers TLS with its certificate")
+        if self.configurations is None:
+            return
+        bundle = self.certificates.ca_bundle
+        if bundle is None:  # ca.crt removed since the start: keep the configurations as they are
+            raise CertificateError(f"setting 'webhooks.cert_dir': {self.settings.cert_dir} no longer has ca.crt")
+        for what in await self.configurations.apply(bundle):
+            _log.info("webhooks: {}", what)
+        if not self.configurations.called:
+            await self._probe()
+
+    async def _probe(self) -> None:
+        assert self.configurations is not None
+        pause, longest = _PROBE_EVERY
+        probes = 0
+        try:
+            async with asyncio.timeout(_PROBE_WITHIN) as deadline:
+                while not await self.configurations.probe():
+                    probes += 1
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, longest)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the request itself timed out: an error of the API connection
+            raise NotCalled(f"the API server did not call the probe webhook at "
+                            f"{self.configurations.url(self.configurations.probes[0])} within {_PROBE_WITHIN:g}s "
+                            f"({probes} dry runs); check that it can reach 'webhooks.url' and that the certificate's "
+                            "'webhooks.hosts' name it") from None
+        if not self.called:
+            _log.info("webhooks ready: the API server called us after {} dry run(s)", probes + 1)
+        self.called = True
+
+
+def _manages(setting: bool | str, api_server: str) -> bool:
+    """Whether to manage configurations: as set, or for ``auto``, when the API server is on loopback (a local
+    control plane, which can reach us without a Service)."""
+    if setting != "auto":
+        return bool(setting)
+    host = urllib.parse.urlsplit(api_server).hostname or ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _url(host: str, port: int) -> str:
+    """The base URL of a listener on ``host:port``, with loopback for a wildcard address."""
+    host = loopback_for(host)
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def _describe(e: BaseException) -> str:
+    """Our own errors say it all; others (API, connection) need their type too."""
+    if isinstance(e, (ConfigurationError, NotCalled, CertificateError, ConnectionError)) and str(e):
+        return str(e)
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -1,0 +1,428 @@
+"""Admission webhooks called by a real kube-apiserver: the sidecar's WebhookService (certificates, server, managed
+configurations at ``https://127.0.0.1:<port>/<path>`` with our CA bundle, readiness) and ``syncer run`` with the
+example plugin.
+
+One private control plane serves this module (its configurations would otherwise reach into other tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+
+import kubernetes
+import pytest
+from prometheus_client import REGISTRY
+
+from examples.plugins import widget_webhook
+from informers import GVR, ApiClient, ApiError, Invalid, NotFound, ResourceClient, Supervisor
+from syncer.settings import Webhooks
+from syncer.testing import ControlPlane
+from syncer.testing.pytest_plugin import kube_client
+from syncer.webhook import AdmissionRequest, AdmissionRule, Allow, Deny, ValidatingWebhook, Verdict
+from syncer.webhook import service as service_module
+from syncer.webhook.configuration import MANAGED_BY, MANAGED_BY_LABEL, PROBE_NAME
+from syncer.webhook.service import WebhookService
+
+from .test_webhooks_support import CA, der_of, free_port, pem
+
+ROOT = Path(__file__).resolve().parent.parent
+WIDGET_CRD = json.loads((ROOT / "examples" / "crds" / "widget.json").read_text())
+WIDGETS = GVR("examples.kube-syncer.io", "v1", "widgets")
+CONFIGMAPS = GVR("", "v1", "configmaps")
+VALIDATING = GVR("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations")
+MUTATING = GVR("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations")
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[ControlPlane]:
+    plane = ControlPlane(name="kube-syncer-webhooks").start()
+    try:
+        ext = kubernetes.client.ApiextensionsV1Api(kube_client(plane))
+        ext.create_custom_resource_definition(WIDGET_CRD)
+        deadline = time.monotonic() + 30
+        while not any(c.type == "Established" and c.status == "True" for c in
+                      ext.read_custom_resource_definition(WIDGET_CRD["metadata"]["name"]).status.conditions or []):
+            assert time.monotonic() < deadline, "the Widget CRD was not established"
+            time.sleep(0.1)
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+async def client(cp: ControlPlane) -> AsyncIterator[ApiClient]:
+    async with ApiClient.from_kubeconfig(str(cp.kubeconfig)) as api:
+        yield api
+
+
+@pytest.fixture
+async def services(client: ApiClient) -> AsyncIterator[Callable[..., Awaitable[WebhookService]]]:
+    """Start WebhookServices (each with its own supervisor); all are stopped at the end of the test."""
+    started: list[tuple[WebhookService, Supervisor]] = []
+
+    async def start(webhooks: list[Any], wait_ready: bool = True, **settings: Any) -> WebhookService:
+        supervisor = Supervisor("test")
+        service = WebhookService(Webhooks(bind=f"127.0.0.1:{free_port()}", **settings), webhooks, client,
+                                 "test-identity", supervisor)
+        started.append((service, supervisor))
+        await service.start()
+        if wait_ready:
+            await until(lambda: service.ready, "the webhooks to be ready", service)
+        return service
+
+    yield start
+    for service, supervisor in started:
+        await service.stop()
+        await supervisor.stop()
+
+
+async def until(check: Callable[[], bool], what: str, service: WebhookService | None = None,
+                timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}" + (f": {service.status()}" if service else ""))
+        await asyncio.sleep(0.05)
+
+
+def widget(name: str, spec: dict[str, Any] | None = None, namespace: str = "default") -> dict[str, Any]:
+    body: dict[str, Any] = {"apiVersion": "examples.kube-syncer.io/v1", "kind": "Widget",
+                            "metadata": {"name": name, "namespace": namespace}}
+    if spec is not None:
+        body["spec"] = spec
+    return body
+
+
+def configmap(name: str, labels: dict[str, str], namespace: str = "default") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace,
+                                                                  "labels": labels}}
+
+
+def requests_served(path: str) -> float:
+    """How many requests the webhook server answered at ``path`` (all codes), from its metrics."""
+    return sum(sample.value for metric in REGISTRY.collect() if metric.name == "controller_runtime_webhook_requests"
+               for sample in metric.samples
+               if sample.name.endswith("_total") and sample.labels.get("webhook") == path)
+
+
+# -- validating and mutating, through the API server -----------------------------------------------------------
+async def test_the_api_server_calls_the_example_webhooks(services, client: ApiClient, cp: ControlPlane) -> None:
+    seen_versions: list[str] = []
+
+    async def beta(request: AdmissionRequest) -> Verdict:
+        seen_versions.append(request.review_version)
+        return Allow()
+
+    webhooks = widget_webhook.syncer_webhooks({"max_size": 10, "default_size": 1})
+    webhooks.append(ValidatingWebhook("beta.widgets.examples.kube-syncer.io", beta, [widget_webhook.WIDGETS],
+                                      review_versions=("v1beta1",)))
+    service = await services(webhooks)
+    widgets = ResourceClient(client, WIDGETS, namespaced=True)
+    with pytest.raises(Invalid) as denied:
+        await widgets.create(widget("too-big", {"size": 50}))
+    assert denied.value.status == 422
+    assert denied.value.message == ('admission webhook "validate.widgets.examples.kube-syncer.io" denied the '
+                                    'request: spec.size 50 is above the maximum of 10')
+    # kubectl's client (the official one) sees the same code and message.
+    custom = kubernetes.client.CustomObjectsApi(kube_client(cp))
+    with pytest.raises(kubernetes.client.ApiException) as official:
+        await asyncio.to_thread(custom.create_namespaced_custom_object, WIDGETS.group, "v1", "default", "widgets",
+                                widget("too-big", {"size": 11}))
+    assert official.value.status == 422 and "spec.size 11 is above the maximum of 10" in official.value.body
+    # The mutating webhook's JSON patch is applied: a Widget without a size gets the default one.
+    created = await widgets.create(widget("defaulted"))
+    assert created["spec"] == {"size": 1}
+    kept = await widgets.create(widget("sized", {"size": 7}))
+    assert kept["spec"] == {"size": 7}
+    assert set(seen_versions) == {"v1beta1"}  # answered in the version it came in, or the API server would refuse
+    assert service.status()["configurations"] == "managed: kube-syncer"
+    for name in ("defaulted", "sized"):
+        await widgets.delete(name, "default")
+
+
+async def test_a_raising_handler_is_a_denial_with_a_clear_message(services, client: ApiClient) -> None:
+    async def broken(request: AdmissionRequest) -> Verdict:
+        raise RuntimeError("the policy store is unreachable")
+
+    await services([ValidatingWebhook("broken.configmaps.example.com", broken,
+                                      [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])],
+                                      object_selector={"matchLabels": {"test": "broken"}})],
+                   configuration_name="broken")
+    with pytest.raises(ApiError) as denied:
+        await ResourceClient(client, CONFIGMAPS, namespaced=True).create(configmap("x", {"test": "broken"}),
+                                                                         dry_run=True)
+    assert denied.value.status == 500
+    assert denied.value.message.startswith(
+        'admission webhook "broken.configmaps.example.com" denied the request: internal error in the admission '
+        "handler: RuntimeError: the policy store is unreachable (request uid ")
+
+
+async def test_a_hanging_handler_gets_the_failure_policy(services, client: ApiClient) -> None:
+    async def hang(request: AdmissionRequest) -> Verdict:
+        await asyncio.sleep(3600)
+        return Allow()
+
+    rules = [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])]
+    await services([ValidatingWebhook(f"{policy.lower()}.configmaps.example.com", hang, rules, timeout_seconds=2,
+                                      failure_policy=policy, object_selector={"matchLabels": {"test": policy}})
+                    for policy in ("Fail", "Ignore")], configuration_name="hanging")
+    configmaps = ResourceClient(client, CONFIGMAPS, namespaced=True)
+    started = time.monotonic()
+    with pytest.raises(ApiError) as rejected:
+        await configmaps.create(configmap("x", {"test": "Fail"}), dry_run=True)
+    assert rejected.value.status == 500 and time.monotonic() - started < 2.5
+    assert rejected.value.message.startswith('Internal error occurred: failed calling webhook '
+                                             '"fail.configmaps.example.com": ')
+    assert "admission webhook fail.configmaps.example.com did not answer within 1.6s" in rejected.value.message
+    admitted = await configmaps.create(configmap("y", {"test": "Ignore"}), dry_run=True)
+    assert admitted["metadata"]["name"] == "y"
+
+
+# -- readiness --------------------------------------------------------------------------------------------------
+async def test_ready_only_once_the_api_server_has_called_us(services) -> None:
+    service = await services(widget_webhook.syncer_webhooks({}), wait_ready=False, configuration_name="readiness")
+    probe_paths = [f"/{kind}/{PROBE_NAME}" for kind in ("validating", "mutating")]
+    before = {p: requests_served(p) for p in probe_paths}
+    deadline = time.monotonic() + 30
+    while not service.ready:
+        assert time.monotonic() < deadline, service.status()
+        await asyncio.sleep(0.01)
+    calls_when_ready = {p: requests_served(p) - before[p] for p in probe_paths}
+    assert all(n >= 1 for n in calls_when_ready.values()), calls_when_ready
+    assert service.status()["self_dial"] and service.status()["called_by_api_server"]
+
+
+async def test_not_ready_while_the_api_server_cannot_reach_us(services, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "_PROBE_WITHIN", 2.0)
+    nobody = free_port()
+    service = await services(widget_webhook.syncer_webhooks({}), wait_ready=False, configuration_name="unreachable",
+                             url=f"https://127.0.0.1:{nobody}")
+    await until(lambda: "did not call the probe webhook" in service.last_error, "the probe to give up", service)
+    assert service.dialed and not service.ready
+    assert service.health()[0]["healthy"] is False
+    assert f"https://127.0.0.1:{nobody}/validating/{PROBE_NAME}" in service.health()[0]["message"]
+
+
+# -- certificates from files ------------------------------------------------------------------------------------
+async def test_rotating_file_certificates_while_the_api_server_calls(services, client: ApiClient,
+                                                                     tmp_path: Path) -> None:
+    ca = CA.new()
+    secret = tmp_path / "secret"
+    first = ca.write_secret(secret, "first")
+    calls = 0
+
+    async def count(request: AdmissionRequest) -> Verdict:
+        nonlocal calls
+        calls += 1
+        return Allow()
+
+    service = await services([ValidatingWebhook("count.configmaps.example.com", count,
+                                                [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])],
+                                                object_selector={"matchLabels": {"test": "rotation"}})],
+                             cert_dir=str(secret), configuration_name="rotation")
+    assert service.certificates.leaf_der == der_of(first)
+    configmaps = ResourceClient(client, CONFIGMAPS, namespaced=True)
+    failures: list[str] = []
+    done = 0
+    stop = asyncio.Event()
+
+    async def traffic() -> None:
+        nonlocal done
+        while not stop.is_set():
+            try:
+                await configmaps.create(configmap(f"c{done}", {"test": "rotation"}), dry_run=True)
+                done += 1
+            except ApiError as e:
+                failures.append(str(e))
+
+    flows = [asyncio.create_task(traffic()) for _ in range(3)]
+    try:
+        await asyncio.sleep(0.5)
+        second_cert, second_key = ca.issue("second")
+        (secret / "tls.crt").write_bytes(second_cert)
+        await asyncio.sleep(0.3)  # the key comes later, as a non-atomic update would have it
+        (secret / "tls.key").write_bytes(second_key)
+        await until(lambda: service.certificates.leaf_der == der_of(second_cert), "the reload", service)
+        await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.gather(*flows)
+    assert failures == [] and done > 10 and calls >= done
+    _, writer = await asyncio.open_connection("127.0.0.1", service.server.port,
+                                              ssl=ssl.create_default_context(cadata=pem(ca.cert).decode()))
+    assert writer.get_extra_info("ssl_object").getpeercert(binary_form=True) == der_of(second_cert)
+    writer.close()
+    await writer.wait_closed()
+    assert service.certificates.status()["reloads"] == 1
+
+
+# -- managed configurations --------------------------------------------------------------------------------------
+async def test_configurations_are_labelled_and_only_ours_are_touched(services, client: ApiClient,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "_UPKEEP_INTERVAL", 0.5)
+    validating = ResourceClient(client, VALIDATING, namespaced=False)
+    mutating = ResourceClient(client, MUTATING, namespaced=False)
+    foreign = await validating.create({"apiVersion": "admissionregistration.k8s.io/v1",
+                                       "kind": "ValidatingWebhookConfiguration",
+                                       "metadata": {"name": "someone-elses"}, "webhooks": []})
+    try:
+        service = await services(widget_webhook.syncer_webhooks({}), wait_ready=False,
+                                 configuration_name="someone-elses")
+        await until(lambda: "exists and was not created by kube-syncer" in service.last_error, "the refusal", service)
+        assert "set 'webhooks.configuration_name' to another name" in service.last_error and not service.ready
+        await service.stop()
+        kept = await validating.get("someone-elses")
+        assert kept["metadata"]["resourceVersion"] == foreign["metadata"]["resourceVersion"]
+    finally:
+        await validating.delete("someone-elses")
+
+    service = await services(widget_webhook.syncer_webhooks({}), configuration_name="ours")
+    for rc in (validating, mutating):
+        obj = await rc.get("ours")
+        assert obj["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY}
+        assert obj["metadata"]["annotations"]["kube-syncer.io/written-by"] == "test-identity"
+    [entry] = [w for w in (await validating.get("ours"))["webhooks"] if w["name"] != PROBE_NAME]
+    assert entry["clientConfig"]["url"] == f"https://127.0.0.1:{service.server.port}/validating/" \
+                                           "validate.widgets.examples.kube-syncer.io"
+    assert (entry["failurePolicy"], entry["sideEffects"], entry["timeoutSeconds"], entry["matchPolicy"]) == (
+        "Fail", "None", 10, "Equivalent")
+    # Deleted by hand: the upkeep puts it back.
+    await validating.delete("ours")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await validating.get("ours")
+            break
+        except NotFound:
+            assert time.monotonic() < deadline, "the configuration was not put back"
+            await asyncio.sleep(0.1)
+    await service.stop()  # what it wrote, it deletes
+    for rc in (validating, mutating):
+        with pytest.raises(NotFound):
+            await rc.get("ours")
+
+
+# -- mutual TLS with the API server ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, Path]]:
+    """A control plane whose API server presents a client certificate to webhooks, and that CA's file."""
+    d = tmp_path_factory.mktemp("mtls")
+    clients = CA.new("apiserver-webhook-clients")
+    cert, key = clients.issue("kube-apiserver", server=False)
+    (d / "client-ca.crt").write_bytes(pem(clients.cert))
+    (d / "webhook.kubeconfig").write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "users": [{"name": "*", "user": {"client-certificate-data": base64.b64encode(cert).decode(),
+                                         "client-key-data": base64.b64encode(key).decode()}}]}))
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+              "kubeConfigFile": str(d / "webhook.kubeconfig")}
+    (d / "admission.json").write_text(json.dumps({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": n, "configuration": plugin}
+                    for n in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
+    plane = ControlPlane(name="kube-syncer-mtls",
+                         extra_apiserver_flags=[f"--admission-control-config-file={d / 'admission.json'}"]).start()
+    try:
+        yield plane, d / "client-ca.crt"
+    finally:
+        plane.stop()
+
+
+async def test_mutual_tls_with_the_api_server(mtls: tuple[ControlPlane, Path], tmp_path: Path) -> None:
+    plane, client_ca = mtls
+    stranger = CA.new("not-the-apiserver")
+    (tmp_path / "stranger-ca.crt").write_bytes(pem(stranger.cert))
+
+    async def deny(request: AdmissionRequest) -> Verdict:
+        return Deny("seen over mutual TLS")
+
+    rules = [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])]
+    async with ApiClient.from_kubeconfig(str(plane.kubeconfig)) as api:
+        configmaps = ResourceClient(api, CONFIGMAPS, namespaced=True)
+        for i, (ca_file, expect) in enumerate(((client_ca, "seen over mutual TLS"),
+                                               (tmp_path / "stranger-ca.crt", "failed calling webhook"))):
+            supervisor = Supervisor("mtls")
+            service = WebhookService(Webhooks(bind=f"127.0.0.1:{free_port()}", client_ca_file=str(ca_file),
+                                              configuration_name=f"mtls-{i}"),
+                                     [ValidatingWebhook("mtls.configmaps.example.com", deny, rules,
+                                                        object_selector={"matchLabels": {"test": "mtls"}})],
+                                     api, "mtls", supervisor)
+            await service.start()
+            try:
+                if ca_file == client_ca:
+                    await until(lambda: service.ready, "readiness over mutual TLS", service)
+                # The API server loads configurations asynchronously: ask until it applies this one.
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        await configmaps.create(configmap("x", {"test": "mtls"}), dry_run=True)
+                    except ApiError as e:
+                        message = e.message
+                        break
+                    assert time.monotonic() < deadline, "the configuration was never applied"
+                    await asyncio.sleep(0.1)
+                assert expect in message, message
+                if ca_file != client_ca:  # a client certificate we do not trust: the API server cannot call us
+                    assert not service.called
+            finally:
+                await service.stop()
+                await supervisor.stop()
+
+
+# -- the sidecar -----------------------------------------------------------------------------------------------
+def test_syncer_run_serves_the_example_plugin(cp: ControlPlane, tmp_path: Path) -> None:
+    port, webhook_port = free_port(), free_port()
+    settings = tmp_path / "s.toml"
+    settings.write_text(f'kubeconfig = "{cp.kubeconfig}"\nplugins = ["examples.plugins.widget_webhook"]\n'
+                        f'include = ["core/configmaps"]\nhttp_bind = "127.0.0.1:{port}"\n'
+                        f'[webhooks]\nbind = "127.0.0.1:{webhook_port}"\nconfiguration_name = "sidecar"\n'
+                        '[plugin_settings.widget_webhook]\nmax_size = 5\n')
+    log = tmp_path / "sidecar.log"
+    proc = subprocess.Popen([sys.executable, "-m", "syncer", "run", "--settings", str(settings)], cwd=ROOT,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    custom = kubernetes.client.CustomObjectsApi(kube_client(cp))
+    admission = kubernetes.client.AdmissionregistrationV1Api(kube_client(cp))
+    try:
+        deadline = time.monotonic() + 60
+        while readyz(port) != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5).read())
+        assert status["webhooks"]["ready"] and status["webhooks"]["called_by_api_server"]
+        with pytest.raises(kubernetes.client.ApiException) as denied:
+            custom.create_namespaced_custom_object(WIDGETS.group, "v1", "default", "widgets", widget("w", {"size": 6}),
+                                                   dry_run="All")
+        assert denied.value.status == 422 and "spec.size 6 is above the maximum of 5" in denied.value.body
+        created = custom.create_namespaced_custom_object(WIDGETS.group, "v1", "default", "widgets", widget("w"),
+                                                         dry_run="All")
+        assert created["spec"] == {"size": 1}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "webhooks ready: the API server called us" in log.read_text()
+    names = [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
+    assert "sidecar" not in names, "the sidecar deletes the configurations it wrote when it stops"
+
+
+def readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
