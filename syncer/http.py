@@ -19,10 +19,11 @@ class StatusServer:
     """Serves probes, metrics and status; ``status()`` and ``health()`` are supplied by the runtime."""
 
     def __init__(self, bind: str, status: Callable[[], dict[str, Any]],
-                 health: Callable[[], tuple[bool, list[dict[str, Any]]]], ready: Callable[[], bool]) -> None:
+                 health: Callable[[], tuple[bool, list[dict[str, Any]]]],
+                 not_ready: Callable[[], str | None]) -> None:
         host, _, port = bind.rpartition(":")
         self.host, self.port = host, int(port)
-        self._status, self._health, self._ready = status, health, ready
+        self._status, self._health, self._not_ready = status, health, not_ready
         self._runner: web.AppRunner | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._next_tick = time.monotonic() + _TICK
@@ -67,9 +68,8 @@ class StatusServer:
         return _json(body, 200 if body["healthy"] else 503)
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        ready = self._ready()
-        return web.Response(text="ok\n" if ready else "not ready: API discovery not done\n",
-                            status=200 if ready else 503)
+        why = self._not_ready()
+        return web.Response(text=f"not ready: {why}\n" if why else "ok\n", status=503 if why else 200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})

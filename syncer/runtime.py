@@ -90,8 +90,7 @@ class Syncer:
         self.runnables = Runnables(plugins.runnables)
         self.webhooks = (WebhookService(settings.webhooks, plugins.webhooks, client, self.identity, self.supervisor)
                          if plugins.webhooks else None)
-        self.http = StatusServer(settings.http_bind, self.status, self.health,
-                                 lambda: self.ready and (self.webhooks is None or self.webhooks.ready))
+        self.http = StatusServer(settings.http_bind, self.status, self.health, self._not_ready)
         self._stuck: list[str] = []
         self._log = logger.bind(identity=self.identity)
 
@@ -118,6 +117,14 @@ class Syncer:
             "runnables": self.runnables.status(),
             "webhooks": self.webhooks.status() if self.webhooks else None,
         }
+
+    def _not_ready(self) -> str | None:
+        """Why ``/readyz`` fails, or None once discovery has run and the webhooks (if any) are being called."""
+        if not self.ready:
+            return "API discovery not done"
+        if self.webhooks is not None and not self.webhooks.ready:
+            return "the API server has not called the admission webhooks yet"
+        return None
 
     def health(self) -> tuple[bool, list[dict[str, Any]]]:
         """Liveness: unhealthy if a controller, store, runnable or the webhook server is stuck or failing, or a

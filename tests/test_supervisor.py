@@ -123,7 +123,7 @@ async def test_an_idle_event_loop_reports_no_lag() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = StatusServer(f"127.0.0.1:{port}", lambda: {}, lambda: (True, []), lambda: True)
+    server = StatusServer(f"127.0.0.1:{port}", lambda: {}, lambda: (True, []), lambda: None)
     await server.start()
     try:
         await asyncio.sleep(2.7)  # two ticks of the 1 s ticker, 0.7 s after the last (what the old code reported)
