@@ -69,7 +69,8 @@ class ControllerContext:
         self.informers = informers
         self.source = source
         self.fence = fence
-        self.client = client.fenced(fence.valid) if client is not None and fence is not OPEN else client
+        self.client = (client.fenced(fence.valid, remaining=getattr(fence, "remaining", None))
+                       if client is not None and fence is not OPEN else client)
         self.workers = workers
         self.resync_period = resync_period
         self.reconcile_stats = reconcile_stats if reconcile_stats is not None else ReconcileStats()

@@ -290,12 +290,7 @@ class Controller:
             except QueueShutDown:
                 return
             if not fence.valid():
-                # The term has ended and never comes back: leave the item queued as it was (add marks it dirty,
-                # done puts it back) and wait for the stop that is coming.
-                queue.add(req)
-                queue.done(req)
-                self._log.info("leadership term ended; not starting {}", req)
-                await asyncio.get_running_loop().create_future()
+                await self._park(queue, req)
             metrics.active_workers += 1
             started = time.monotonic()
             outcome: ReconcileResult = "error"
@@ -305,6 +300,8 @@ class Controller:
             except asyncio.CancelledError:
                 queue.done(req)
                 raise
+            except _TermEnded:
+                await self._park(queue, req)  # cancelled there: the finally below counts the worker out
             except TerminalError as e:
                 terminal = True
                 self.stats.record_error(e)
@@ -337,6 +334,14 @@ class Controller:
             metrics.observe(outcome, time.monotonic() - started, terminal)
             queue.done(req)
 
+    async def _park(self, queue: WorkQueue[Request], req: Request) -> None:
+        """The term has ended and never comes back: leave ``req`` queued as it was (add marks it dirty, done puts
+        it back) and wait for the stop that is coming."""
+        queue.add(req)
+        queue.done(req)
+        self._log.info("leadership term ended; not starting {}", req)
+        await asyncio.get_running_loop().create_future()
+
     async def _handle(self, rc: ReconcileContext) -> Result | None:
         """One request: the finalizer's part, then ``reconcile``, unless the object is being deleted."""
         if self.finalizer is not None:
@@ -349,6 +354,7 @@ class Controller:
                     return None
                 if not has_finalizer(obj, self.finalizer):
                     await add_finalizer(rc.client, obj, self.finalizer)
+        _still_in_term(rc)
         return await self._call(rc.request, rc)
 
     async def _finalize(self, rc: ReconcileContext) -> None:
@@ -359,6 +365,18 @@ class Controller:
         except NotFound:
             return
         if obj["metadata"].get("deletionTimestamp") and has_finalizer(obj, self.finalizer):
+            _still_in_term(rc)
             await self.finalize(req, rc, obj)
             await remove_finalizer(rc.client, obj, self.finalizer)
             rc.log.info("finalized; removed finalizer {}", self.finalizer)
+
+
+class _TermEnded(Exception):
+    """The fence closed while a work item was being prepared: user code must not start."""
+
+
+def _still_in_term(rc: ReconcileContext) -> None:
+    # Checked again right before user code: the reads before it (the finalizer's GET and PATCH) may have
+    # outlasted the term, and user code can act through other means than the fenced client.
+    if not rc.ctx.fence.valid():
+        raise _TermEnded

@@ -12,7 +12,8 @@ from typing import Protocol
 
 
 class Fence(Protocol):
-    """``valid()`` is True while the term that started a controller still holds."""
+    """``valid()`` is True while the term that started a controller still holds. A fence may also offer
+    ``remaining()`` (seconds it still holds): the fenced client then bounds getting a connection by it."""
 
     def valid(self) -> bool: ...
 

@@ -188,14 +188,14 @@ class ControllerManager:
         an empty list normally). Their tasks are left running, marked ``stuck``: only the caller can end them,
         by ending the process.
         """
-        if self._unhook is not None:
-            self._unhook()
-            self._unhook = None
         if self._looping:
             await self.supervisor.cancel(self._loop_name)
             self._looping = False
         self.source.unsubscribe(self.name)
         await self._stop_all(list(self._runners.values()), "manager stopping")
+        if self._unhook is not None:  # only now: an informer removed meanwhile still waits for our controllers
+            self._unhook()
+            self._unhook = None
         for r in self._runners.values():
             if r.retry_timer is not None:
                 r.retry_timer.cancel()
@@ -231,6 +231,8 @@ class ControllerManager:
         """One pass over one snapshot of the source: cancel what must stop, start what may start. It awaits
         nothing, so nothing can change under it; an instance that ends wakes the next pass."""
         self.passes += 1
+        if not self.fence.valid():
+            return  # the term has ended: its controllers are being stopped, none may start
         synced, not_synced = self.source.informers()
         pending = set(not_synced)
         now = time.monotonic()

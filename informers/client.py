@@ -107,14 +107,16 @@ class ApiClient:
             await self._session.close()
             self._session = None
 
-    def fenced(self, valid: Callable[[], bool], what: str = "the leadership term") -> "ApiClient":
+    def fenced(self, valid: Callable[[], bool], what: str = "the leadership term",
+               remaining: Callable[[], float] | None = None) -> "ApiClient":
         """A view of this client (same session) that refuses every write once ``valid()`` is False.
 
-        The check is local and runs right before each request is sent, so a write prepared during a term is
-        never sent after it; reads are not fenced. ``close()`` on the view does nothing: this client owns the
-        connections.
+        The check is local and runs right before the request is handed to the connection pool, after any
+        credential refresh; ``remaining()`` (seconds the fence still holds, if known) bounds getting a connection,
+        so a write is not left waiting for a TCP or TLS handshake past the end of the term. Reads are not
+        fenced. ``close()`` on the view does nothing: this client owns the connections.
         """
-        return _FencedClient(self, valid, what)
+        return _FencedClient(self, valid, what, remaining)
 
     async def __aenter__(self) -> "ApiClient":
         return self
@@ -202,6 +204,7 @@ class ApiClient:
     async def _request_bytes(
         self, method: str, path: str, params: Mapping[str, str] | None = None, body: Any = None,
         headers: Mapping[str, str] | None = None, timeout: float | None = 60.0, guard: Callable[[], None] | None = None,
+        connect_within: float | None = None,
     ) -> bytes:
         """``request_bytes``, calling ``guard()`` (which may raise) right before the request is handed to the
         connection: after any credential refresh, so no await separates the check from the send."""
@@ -214,7 +217,7 @@ class ApiClient:
             hdrs.setdefault("Content-Type", "application/merge-patch+json" if method == "PATCH" else _JSON)
         async with self._noting_answers(self._send(
             method, self.host + path, params=params, data=data, headers=hdrs, guard=guard,
-            timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self._connect_timeout),
+            timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self._connect_timeout, connect=connect_within),
         )) as resp:
             raw = await resp.read()
             if resp.status >= 400:
@@ -289,9 +292,18 @@ class ApiClient:
 class _FencedClient(ApiClient):
     """``ApiClient.fenced``: writes go through ``inner`` only while the fence holds."""
 
-    def __init__(self, inner: ApiClient, valid: Callable[[], bool], what: str) -> None:
+    def __init__(self, inner: ApiClient, valid: Callable[[], bool], what: str,
+                 remaining: Callable[[], float] | None) -> None:
         super().__init__(inner.configuration, inner._connect_timeout)
-        self._inner, self._valid, self._what = inner, valid, what
+        self._inner, self._valid, self._what, self._remaining = inner, valid, what, remaining
+
+    def fenced(self, valid: Callable[[], bool], what: str = "the leadership term",
+               remaining: Callable[[], float] | None = None) -> ApiClient:
+        # Both fences hold, over the one client that owns the connections.
+        outer, outer_remaining = self._valid, self._remaining
+        bound = [r for r in (outer_remaining, remaining) if r is not None]
+        return _FencedClient(self._inner, lambda: outer() and valid(), what,
+                             (lambda: min(r() for r in bound)) if bound else None)
 
     async def request_bytes(
         self, method: str, path: str, params: Mapping[str, str] | None = None, body: Any = None,
@@ -305,7 +317,8 @@ class _FencedClient(ApiClient):
                 raise FenceError(f"{method} {path} refused: {self._what} has ended")
 
         guard()  # fail fast, before any credential refresh
-        return await self._inner._request_bytes(method, path, params, body, headers, timeout, guard)
+        within = max(0.001, self._remaining()) if self._remaining is not None else None
+        return await self._inner._request_bytes(method, path, params, body, headers, timeout, guard, within)
 
     def stream(self, path: str, params: Mapping[str, str],
                inactivity_timeout: float | None = None) -> Any:

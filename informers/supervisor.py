@@ -129,11 +129,13 @@ class Supervisor:
 
     async def cancel(self, name: str) -> None:
         """Cancel one task, await it and forget it (no-op if unknown)."""
-        handle = self._handles.pop(name, None)
+        handle = self._handles.get(name)
         if handle is not None and handle.task is not None:
             handle.task.cancel()
             await asyncio.gather(handle.task, return_exceptions=True)
             handle.state = TaskState.STOPPED
+        if self._handles.get(name) is handle:
+            self._handles.pop(name, None)
 
     async def stop(self) -> None:
         """Cancel every task and await them all."""
@@ -159,6 +161,9 @@ class Supervisor:
             handle.state = TaskState.RUNNING
             try:
                 await body(handle)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError  # the body swallowed our cancellation: it must still end us
             except asyncio.CancelledError:
                 raise
             except Exception as e:

@@ -13,8 +13,9 @@ from typing import Any, Awaitable
 async def wait_first(*awaitables: Awaitable[Any], timeout: float | None = None) -> int | None:
     """Run ``awaitables`` until the first one finishes; return its index, or None on timeout.
 
-    The others are cancelled and awaited before returning. If the first one to finish raised, that exception
-    is raised here; if this call is cancelled, every awaitable is cancelled too.
+    The others are cancelled and awaited before returning. If one that finished raised, that exception is
+    raised here (of several finishing together, the first by position); if this call is cancelled, every
+    awaitable is cancelled too.
     """
     tasks = [asyncio.ensure_future(a) for a in awaitables]
     try:
@@ -25,8 +26,8 @@ async def wait_first(*awaitables: Awaitable[Any], timeout: float | None = None) 
         await asyncio.gather(*tasks, return_exceptions=True)
     if not done:
         return None
-    first = next(i for i, t in enumerate(tasks) if t in done)
-    winner = tasks[first]
-    if not winner.cancelled() and winner.exception() is not None:
-        raise winner.exception()  # type: ignore[misc]
-    return first
+    finished = [i for i, t in enumerate(tasks) if t in done]
+    for i in finished:  # several may finish in the same turn: none of their errors is dropped
+        if not tasks[i].cancelled() and (error := tasks[i].exception()) is not None:
+            raise error
+    return finished[0]

@@ -51,6 +51,12 @@ class _TermFence:
     def valid(self) -> bool:
         return self._elector._term == self._term and self._elector.term_valid()
 
+    def remaining(self) -> float:
+        """Seconds this term still holds (0 once it has ended)."""
+        if not self.valid():
+            return 0.0
+        return self._elector._last_renew + self._elector.config.renew_deadline - time.monotonic()
+
 
 class LeaderElector:
     """Acquires, renews and releases one Lease. ``is_leader`` tells the current state, ``fence()`` the term's."""
@@ -134,6 +140,8 @@ class LeaderElector:
             if e.status != 404:
                 self._log.warning("cannot read the lease: {}", e)
                 return False
+            # Deleted under us: whoever recreates it leads at once, so our term ends here, win or lose.
+            self.is_leader = False
             try:
                 ns = self.config.lease_namespace
                 await self.client.request("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", body={

@@ -207,9 +207,10 @@ class Runnables:
                 self._tasks[runnable.name] = asyncio.create_task(self._run(runnable), name=f"run {runnable.name}")
 
     async def stop(self, deadline: float) -> list[str]:
-        """Call every ``shutdown()`` at once, and wait for them and the ``run()`` tasks for at most ``deadline``
-        seconds; then cancel what is left. Returns the names of the runnables whose ``run()`` or ``shutdown()`` is
-        still alive (they ignored the cancellation too)."""
+        """Call every ``shutdown()`` at once, wait for them and the ``run()`` tasks, then cancel what is left, all
+        within ``deadline`` seconds (the last second or less is the cancellation's). Returns the names of the
+        runnables whose ``run()`` or ``shutdown()`` is still alive (they ignored the cancellation too)."""
+        grace = min(_CANCEL_GRACE, deadline / 2)
         tasks, self._tasks = self._tasks, {}
         live = [r for r in self.runnables if r.name in tasks]
         shutdowns: dict[str, asyncio.Task[None]] = {}
@@ -221,26 +222,26 @@ class Runnables:
                 self._states[r.name].set("stopping")
             shutdowns = {r.name: asyncio.create_task(self._shutdown(r), name=f"shutdown {r.name}") for r in live}
             if live:
-                await asyncio.wait({*shutdowns.values(), *tasks.values()}, timeout=deadline)
+                await asyncio.wait({*shutdowns.values(), *tasks.values()}, timeout=deadline - grace)
         finally:  # also when this stop is cancelled: nothing started here is left behind unowned
             left = [t for t in (*shutdowns.values(), *tasks.values()) if not t.done()]
             for task in left:
                 task.cancel()
             if left:
-                await asyncio.wait(left, timeout=_CANCEL_GRACE)
+                await asyncio.wait(left, timeout=grace)
             self._stopping = False
         pending = {t for t in (*shutdowns.values(), *tasks.values()) if not t.done()}
         stuck = [r.name for r in live if tasks[r.name] in pending or shutdowns[r.name] in pending]
         for r in live:
             if r.name in stuck:
-                self._states[r.name].set("stuck", f"did not stop within {deadline + _CANCEL_GRACE:g}s of shutdown() "
+                self._states[r.name].set("stuck", f"did not stop within {deadline:g}s of shutdown() "
                                                   "and cancellation")
             else:
                 self._states[r.name].set("standby")
         self._stuck.update((name, tasks[name]) for name in stuck)
         if stuck:
             logger.error("runnable(s) {} did not stop within {:g}s of shutdown() and cancellation",
-                         ", ".join(stuck), deadline + _CANCEL_GRACE)
+                         ", ".join(stuck), deadline)
         return stuck
 
     def health(self) -> list[dict[str, Any]]:

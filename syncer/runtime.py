@@ -155,13 +155,16 @@ class Syncer:
                 if self.ready:
                     await self._lead_while(stop)
         finally:
-            try:
-                async with asyncio.timeout(self.settings.shutdown_timeout):
-                    await self._shutdown()
-            except TimeoutError:
-                self._log.error("shutdown did not finish within {:g}s", self.settings.shutdown_timeout)
-            await self.supervisor.stop()
-            await self.http.stop()
+            # With controllers of an ended term still running, every second counts: no graceful shutdown (it
+            # could take shutdown_timeout while they act next to the new leader); the caller exits at once.
+            if not self._stuck:
+                try:
+                    async with asyncio.timeout(self.settings.shutdown_timeout):
+                        await self._shutdown()
+                        await self.supervisor.stop()
+                except TimeoutError:
+                    self._log.error("shutdown did not finish within {:g}s", self.settings.shutdown_timeout)
+                await self.http.stop()
         if self._stuck:
             raise ControllersStuck(f"controller(s) {', '.join(self._stuck)} did not stop within "
                                    f"{self._stop_timeout():g}s at shutdown; the lease was not released")

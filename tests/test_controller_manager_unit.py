@@ -384,6 +384,24 @@ async def test_the_fence_reaches_every_context(sources):
         await m.stop()
 
 
+async def test_no_controller_starts_once_the_term_has_ended(sources):
+    src = sources()
+    src.add(A)
+    p = Probe("p")
+
+    class Ended:
+        def valid(self):
+            return False
+
+    m = manager(src, [(p, [A])], fence=Ended())
+    await m.start()
+    try:
+        await settle(lambda: m.passes >= 1)
+        await nothing_within(lambda: p.creates > 0, 0.2)
+    finally:
+        await m.stop()
+
+
 async def test_stuck_controller_is_reported_and_not_restarted_until_it_exits(sources):
     src = sources()
     stuck = Probe("stuck", stop_delay=0.5)

@@ -195,3 +195,14 @@ async def test_a_fence_closing_while_the_request_is_prepared_stops_the_send(monk
         with pytest.raises(FenceError, match="POST /api/v1/namespaces/default/configmaps refused"):
             await fenced.request("POST", CONFIGMAPS.path("default"), body={})
         assert fenced.recoveries == client.recoveries
+
+
+async def test_a_fenced_view_of_a_fenced_client_keeps_both_fences() -> None:
+    conf = kubernetes.client.Configuration()
+    conf.host = "https://127.0.0.1:1"
+    inner_open = [True]
+    async with ApiClient.from_configuration(conf) as client:
+        view = client.fenced(lambda: inner_open[0]).fenced(lambda: True, remaining=lambda: 5.0)
+        inner_open[0] = False
+        with pytest.raises(FenceError):
+            await view.request("DELETE", CONFIGMAPS.path("default", "x"))

@@ -133,8 +133,8 @@ async def test_a_hanging_shutdown_is_cut_at_the_deadline_and_the_others_are_not_
     runnables.start()
     await asyncio.sleep(0.05)
     started = time.monotonic()
-    assert await runnables.stop(deadline=0.5) == []  # cancelled at the deadline, and it obeyed
-    assert 0.5 <= time.monotonic() - started < 1.0
+    assert await runnables.stop(deadline=0.5) == []  # cancelled within the deadline, and it obeyed
+    assert 0.25 <= time.monotonic() - started < 0.75
     assert quick.stopped.is_set()
     assert {t.get_name() for t in asyncio.all_tasks()} == {asyncio.current_task().get_name()}  # type: ignore
 
@@ -162,7 +162,7 @@ async def test_a_run_that_ignores_cancellation_is_reported_stuck_and_not_run_twi
     await asyncio.sleep(0.05)
     assert await runnables.stop(deadline=0.2) == ["stubborn"]
     assert runnables.health() == [{"name": "runnable stubborn", "healthy": False,
-                                   "message": "did not stop within 1.2s of shutdown() and cancellation"}]
+                                   "message": "did not stop within 0.2s of shutdown() and cancellation"}]
     runnables.start()  # the next term: not a second run() next to the stuck one
     assert Stubborn.runs == 1
     release.set()

@@ -133,3 +133,31 @@ async def test_an_idle_event_loop_reports_no_lag() -> None:
         assert resp.status == 200 and body["event_loop_lag_seconds"] < 0.35, body
     finally:
         await server.stop()
+
+
+async def test_a_body_swallowing_its_cancellation_still_ends() -> None:
+    sup = Supervisor()
+    inside = asyncio.Event()
+
+    async def stubborn(handle) -> None:
+        inside.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return  # swallowed: without care the supervisor would take this for a return and restart it
+
+    sup.spawn("stubborn", stubborn, backoff=fast)
+    await inside.wait()
+    await asyncio.wait_for(sup.cancel("stubborn"), 2)
+    assert sup.health() == []
+
+
+async def test_wait_first_raises_an_error_finishing_in_the_same_turn_as_the_winner() -> None:
+    async def ok() -> None:
+        return None
+
+    async def boom() -> None:
+        raise KeyError("late")
+
+    with pytest.raises(KeyError):
+        await wait_first(ok(), boom())
