@@ -3,6 +3,9 @@
 Usage: .venv/bin/python bench/informer_bench.py [--sizes 10000,50000] [--reps 3] [--reps-large 2] [--updates 20000] [--update-reps 2] [--rate 350]
        [--contenders ours,ours-list,official,kopf,client-go,client-go-nomf,watch-floor] [--cap 600] [--out bench/out]
 
+``--contenders ours,ours-mutable`` compares ours with its read-only cache turned off (issue 10); ours-mutable runs
+only when named.
+
 One run starts one local control plane (etcd + kube-apiserver), creates the ConfigMaps once per size, then
 runs every contender against the same namespaces, one after another, each in its own process (so RSS and CPU
 are its own). The machine is small and shared, so only the ratios between contenders of the same run mean
@@ -13,6 +16,8 @@ much. Raw results go to <out>/informer-<timestamp>.json, the tables to <out>/inf
 2. Sustained updates: a writer process (4 coroutines, --rate patches/s in all) patches the objects of the
    first size's namespace --updates times; each contender reports its CPU seconds (user+sys) per 10,000
    update events delivered to a no-op handler and the write-to-handler latency p50/p99.
+3. Lister reads (ours and its variants), after each sync: get of every object, get plus a few field reads, list() of the
+   whole cache, of the namespace and with a label selector, orjson.dumps and deep_copy of every object.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ CONTENDERS: dict[str, list[str]] = {
     "ours": [PYTHON, str(BENCH / "runner_ours.py")],
     # Ours with watch-list streaming turned off (paged LIST + WATCH): not a contender, a what-if.
     "ours-list": [PYTHON, str(BENCH / "runner_ours.py"), "--list-watch"],
+    # Ours with the read-only cache turned off (KUBE_SYNCER_READONLY_CACHE=0): the cost of freezing objects.
+    "ours-mutable": [PYTHON, str(BENCH / "runner_ours.py"), "--mutable-cache"],
     "official": [PYTHON, str(BENCH / "runner_official.py")],
     "kopf": [PYTHON, str(BENCH / "runner_kopf.py")],
     "client-go": [str(GO_BINARY)],
@@ -59,6 +66,8 @@ CONTENDERS: dict[str, list[str]] = {
 }
 UPDATES_ONLY = {"watch-floor"}
 SYNC_ONLY = {"ours-list"}  # after the sync it runs the very same watch code as "ours"
+OPT_IN = {"ours-mutable"}  # not in the default --contenders
+LISTER_READS = {"ours", "ours-list", "ours-mutable"}  # runners that time lister reads after a sync
 REFERENCE = "client-go"  # the targets are stated against client-go's defaults
 
 
@@ -242,6 +251,7 @@ def run_sync(cp: ControlPlane, name: str, namespace: str, n: int, cap: float, lo
         r.proc.kill()
         r.finish()
         return {**res, "capped": True, "cap": cap, "synced": synced, "notes": r.notes}
+    reads = r.expect("reads", 120) if name in LISTER_READS else None
     r.finish()
     return {
         **res, "wall": synced["wall"], "objects": synced["objects"], "adds": synced["adds"],
@@ -250,7 +260,7 @@ def run_sync(cp: ControlPlane, name: str, namespace: str, n: int, cap: float, lo
         "rss_per_obj": (synced["rss"] - base["rss"]) / n,
         "rss_settled_per_obj": (synced["rss_settled"] - base["rss"]) / n,
         "cpu_sync": synced["cpu"] - base["cpu"], "server_cpu": server1 - server0,
-        "watch_list": synced.get("watch_list"), "module": synced.get("module"), "notes": r.notes,
+        "watch_list": synced.get("watch_list"), "module": synced.get("module"), "reads": reads, "notes": r.notes,
     }
 
 
@@ -302,6 +312,40 @@ def fmt(v: float | None, spec: str) -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+READS_COLUMNS = [("get_us", ".3f"), ("get_read_us", ".3f"), ("dumps_us", ".2f"), ("deep_copy_us", ".2f"),
+                 ("list_ms", ".2f"), ("list_ns_ms", ".2f"), ("list_selector_ms", ".2f")]
+
+
+def read_only_cost(sizes: list[int], sync_med: dict[tuple[int, str], dict[str, float | None]],
+                   reads_med: dict[tuple[int, str], dict[str, float | None]],
+                   upd: dict[str, dict[str, float | None]]) -> str:
+    """The table of issue 10: ours (read-only cache) against ours-mutable (the same code with it turned off)."""
+    rows = ["\n#### Read-only cache: ours / ours-mutable (budget: at most 1.10 for sync, CPU/event and memory)\n",
+            "| measure | ours | ours-mutable | ratio |", "|---|---:|---:|---:|"]
+
+    def row(label: str, a: float | None, b: float | None, spec: str) -> None:
+        ratio = fmt(a / b if a is not None and b else None, ".3f")
+        rows.append(f"| {label} | {fmt(a, spec)} | {fmt(b, spec)} | {ratio} |")
+
+    for n in sizes:
+        ours, mut = sync_med.get((n, "ours"), {}), sync_med.get((n, "ours-mutable"), {})
+        row(f"{n:,}: sync wall s", ours.get("wall"), mut.get("wall"), ".3f")
+        row(f"{n:,}: sync client CPU s", ours.get("cpu_sync"), mut.get("cpu_sync"), ".3f")
+        row(f"{n:,}: RSS growth B/object", ours.get("rss_per_obj"), mut.get("rss_per_obj"), ",.0f")
+        row(f"{n:,}: peak RSS MiB", ours.get("maxrss") and ours["maxrss"] / 2**20,
+            mut.get("maxrss") and mut["maxrss"] / 2**20, ",.1f")
+        r_ours, r_mut = reads_med.get((n, "ours"), {}), reads_med.get((n, "ours-mutable"), {})
+        for key, label in (("get_us", "lister get µs"), ("get_read_us", "lister get + 3 reads µs"),
+                           ("list_ms", "lister list() ms"), ("dumps_us", "orjson.dumps µs/object")):
+            row(f"{n:,}: {label}", r_ours.get(key), r_mut.get(key), ".3f")
+    if upd:
+        u_ours, u_mut = upd.get("ours", {}), upd.get("ours-mutable", {})
+        row("updates: CPU s / 10k events", u_ours.get("cpu_per_10k"), u_mut.get("cpu_per_10k"), ".3f")
+        row("updates: latency p50 ms", u_ours.get("lat_p50") and u_ours["lat_p50"] * 1e3,
+            u_mut.get("lat_p50") and u_mut["lat_p50"] * 1e3, ".2f")
+    return "\n".join(rows)
+
+
 def summarize(results: dict[str, Any], contenders: list[str]) -> str:
     out: list[str] = []
     snap = results["informers"]
@@ -333,6 +377,23 @@ def summarize(results: dict[str, Any], contenders: list[str]) -> str:
                        f"{fmt(med['rss_settled_per_obj'], ',.0f')} | "
                        f"{fmt(med['maxrss'] and med['maxrss'] / 2**20, ',.0f')} | {fmt(med['cpu_sync'], '.2f')} | "
                        f"{fmt(med['server_cpu'], '.2f')} | {runs_txt} |")
+    reads_med: dict[tuple[int, str], dict[str, float | None]] = {}
+    for n in sizes:
+        rows = []
+        for name in contenders:
+            runs = [r["reads"] for r in results["sync"] if r["n"] == n and r["contender"] == name and r.get("reads")]
+            if runs:
+                med = reads_med[(n, name)] = {k: median([r[k] for r in runs]) for k, _ in READS_COLUMNS}
+                frozen = {r["read_only"] for r in runs}
+                rows.append(f"| {name} | {'yes' if frozen == {True} else 'no' if frozen == {False} else 'mixed'} | "
+                            + " | ".join(fmt(med[k], spec) for k, spec in READS_COLUMNS) + " |")
+        if rows:
+            out.append(f"\n#### Lister reads after the sync, {n:,} objects in the cache "
+                       "(median of the runs' best of 5)\n")
+            out.append("| contender | read-only | get µs | get + 3 reads µs | orjson.dumps µs/object "
+                       "| deep_copy µs/object | list() ms | list(namespace) ms | list(namespace, selector) ms |")
+            out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+            out.extend(rows)
     upd: dict[str, dict[str, float | None]] = {}
     if results["updates"]:
         a = results["args"]
@@ -361,6 +422,10 @@ def summarize(results: dict[str, Any], contenders: list[str]) -> str:
                        f"{ms(med['lat_p50'])} | {ms(med['lat_p99'])} | {ms(med['lat_max'])} | "
                        f"{fmt(med['rate'], '.0f')} | {fmt(med['server_cpu'], '.2f')} | {each} |")
 
+    if "ours" in contenders and "ours-mutable" in contenders:
+        out.append(read_only_cost(sizes, sync_med, reads_med, upd))
+    if not {REFERENCE, "official", "kopf"} & set(contenders):
+        return "\n".join(out)
     # Targets, all stated for "ours" against the others.
     out.append("\n#### Targets\n")
     out.append("| target | measured | met? |")
@@ -418,7 +483,7 @@ def main() -> None:
     p.add_argument("--update-reps", type=int, default=2, help="updates runs per contender")
     # ~380/s is all this apiserver sustains on 2 cores; 350/s leaves every contender the same offered load.
     p.add_argument("--rate", type=float, default=350.0, help="patches per second in all, 0 = unthrottled")
-    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--contenders", default=",".join(c for c in CONTENDERS if c not in OPT_IN))
     p.add_argument("--cap", type=float, default=600.0, help="seconds before a contender's phase is given up")
     p.add_argument("--out", default=str(BENCH / "out"))
     args = p.parse_args()

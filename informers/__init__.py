@@ -10,6 +10,7 @@ from .errors import (
     UnsupportedMediaType,
 )
 from .factory import DynamicSharedInformerFactory
+from .frozen import FrozenDict, FrozenList, ReadOnlyError, deep_copy
 from .gvr import GVR
 from .gvr_listeners import GVRHandler
 from .lister import Lister
@@ -24,6 +25,10 @@ from .source import InformerSource, Notifier, Subscription
 from .supervisor import Supervisor, TaskHandle, TaskHealth, TaskState
 from .store import DeletedFinalStateUnknown, Store, object_key
 from .transforms import drop_managed_fields
+from .union_informer import (
+    ClusterEventHandler, HandlerInstallError, SubInformer, UnionInformer, UnionRegistration,
+)
+from .union_lister import ClusterNotFound, ClusterObject, UnionLister
 from .wait import wait_first
 
 __all__ = [
@@ -36,4 +41,7 @@ __all__ = [
     "Supervisor", "TaskHandle", "TaskHealth", "TaskState", "drop_managed_fields", "object_key", "wait_first",
     "AlreadyExists", "Conflict", "Forbidden", "Gone", "Invalid", "NoMatchError", "NotFound", "RESTMapper",
     "ResourceClient", "TooManyRequests", "Unauthorized", "UnsupportedMediaType",
+    "FrozenDict", "FrozenList", "ReadOnlyError", "deep_copy",
+    "ClusterEventHandler", "ClusterNotFound", "ClusterObject", "HandlerInstallError", "SubInformer", "UnionInformer",
+    "UnionLister", "UnionRegistration",
 ]

@@ -1,4 +1,9 @@
-"""Lister: read-only queries over an informer's store."""
+"""Lister: read-only queries over an informer's store.
+
+What it returns are the cached objects themselves, not copies (as in client-go), and an informer's are frozen: a
+change raises ``ReadOnlyError`` instead of altering what every other reader sees (``frozen.py``). Take a mutable
+copy with ``deep_copy(obj)`` to build an update.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ class Lister:
         self._store = store
 
     def get(self, name: str, namespace: str | None = None) -> Obj | None:
-        """The cached object, or None."""
+        """The cached object (read-only; ``deep_copy`` it to change it), or None."""
         return self._store.get(f"{namespace}/{name}" if namespace else name)
 
     def list(self, namespace: str | None = None, label_selector: str | LabelSelector | None = None) -> builtins.list[Obj]:

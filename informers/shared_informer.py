@@ -2,6 +2,9 @@
 
 Each handler registration has its own queue and task, so a slow or failing handler never delays the
 reflector or the other handlers. Handler methods may be plain functions or coroutines.
+
+Handlers and listers share the cached objects themselves, frozen (``frozen.py``): client-go asks callers not to
+modify them, here a modification raises ``ReadOnlyError``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Callable, Mapping, Protocol
 from loguru import logger
 
 from .client import ApiClient
+from .frozen import freeze, read_only_cache
 from .gvr import GVR
 from .lister import Lister
 from .metrics import InformerMetrics
@@ -21,6 +25,13 @@ from .reflector import Reflector, ReflectorOptions
 from .store import DeletedFinalStateUnknown, IndexFunc, Obj, Store, object_key
 
 Transform = Callable[[Obj], Obj]
+
+
+def _then_freeze(transform: Transform | None) -> Transform:
+    if transform is None:
+        return freeze
+    return lambda obj: freeze(transform(obj))
+
 
 _ADD, _UPDATE, _DELETE, _SYNCED = range(4)
 # After this many events in a row a handler task yields, so one busy handler cannot starve the loop.
@@ -179,6 +190,10 @@ class SharedIndexInformer:
         self.store = Store(indexers)
         self.lister = Lister(self.store)
         self.transform = transform
+        # Whatever enters the cache is frozen (KUBE_SYNCER_READONLY_CACHE=0 turns it off). The reflector freezes
+        # each object as it is decoded, after the transform: freezing a watch-list sync's objects only once it has
+        # ended would hold every container twice at the peak, memory the process then keeps.
+        self._read_only = read_only_cache()
         self._metrics = metrics or InformerMetrics.for_registry()
         self._gvr_label = str(gvr)
         self._registrations: list[HandlerRegistration] = []
@@ -188,7 +203,8 @@ class SharedIndexInformer:
         self._error_listeners: list[Callable[[Exception], None]] = []
         self.reflector = Reflector(
             client, gvr, self, namespace=namespace, label_selector=label_selector, field_selector=field_selector,
-            options=options, metrics=self._metrics, on_error=self._reflector_error, transform=transform,
+            options=options, metrics=self._metrics, on_error=self._reflector_error,
+            transform=_then_freeze(transform) if self._read_only else transform,
         )
         self._metrics.objects.labels(self._gvr_label).set_function(lambda: len(self.store))
 
@@ -307,7 +323,7 @@ class SharedIndexInformer:
     # -- reflector sink ----------------------------------------------------------------------------------
     def replace(self, objs: list[Obj], resource_version: str) -> None:
         """Atomically replace the cache with a full list and notify handlers of the differences."""
-        upserts, deletes = self.store.replace(objs)
+        upserts, deletes = self.store.replace(map(freeze, objs) if self._read_only else objs)
         initial = not self._synced.is_set()
         regs = self._registrations
         for old, new in upserts:
@@ -330,6 +346,8 @@ class SharedIndexInformer:
 
     def apply(self, event_type: str, obj: Obj) -> None:
         """Apply one watch event to the cache and queue it for every handler."""
+        if self._read_only:
+            obj = freeze(obj)  # already frozen when the reflector feeds it; not when a caller applies an event
         if event_type == "DELETED":
             self.store.delete(object_key(obj))
             item: tuple[int, Any, Any] = (_DELETE, obj, None)

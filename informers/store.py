@@ -1,4 +1,8 @@
-"""Store: the informer's indexed cache of objects keyed ``namespace/name`` (or ``name`` when cluster-scoped)."""
+"""Store: the informer's indexed cache of objects keyed ``namespace/name`` (or ``name`` when cluster-scoped).
+
+The store holds and returns the objects it is given, not copies: an informer gives it frozen ones (``frozen.py``),
+so that what one reader gets cannot be changed under the others.
+"""
 
 from __future__ import annotations
 
@@ -115,7 +119,7 @@ class Store:
         return self._items.get(key)
 
     def list(self) -> builtins.list[Obj]:
-        """Every object (a new list; the dicts are the cached ones: do not mutate them)."""
+        """Every object (a new list of the cached objects themselves)."""
         return list(self._items.values())
 
     def keys(self) -> builtins.list[str]:
