@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kubernetes.config import KUBE_CONFIG_DEFAULT_LOCATION, ConfigException
+from kubernetes.config import ConfigException
 from kubernetes.config.kube_config import ConfigNode, KubeConfigLoader, KubeConfigMerger
 
 API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
@@ -326,7 +326,8 @@ def load_kubeconfig(configuration: Any, path: str | None = None, context: str | 
     ``username``/``password``, which the package only falls back to when the plugin fails; an ``ExecPlugin`` is
     returned instead. Nothing here runs a process, so loading never blocks on a plugin.
     """
-    merger = KubeConfigMerger(path or KUBE_CONFIG_DEFAULT_LOCATION)  # type: ignore[no-untyped-call]
+    # $KUBECONFIG as it is now: the package's KUBE_CONFIG_DEFAULT_LOCATION froze it when it was imported.
+    merger = KubeConfigMerger(path or os.environ.get("KUBECONFIG", "~/.kube/config"))  # type: ignore[no-untyped-call]
     merged = merger.config
     if merged is None:
         raise ConfigException("Invalid kube-config file. No configuration found.")

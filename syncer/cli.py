@@ -144,7 +144,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
     controllers = _plugins(settings)
-    client = _client(settings)
+    host = None if args.local else _client(settings).host
     rules = ResourceFilter(settings.include, settings.exclude)
     for name, controller in sorted(controllers.items()):
         for gvr in controller.required_gvrs:
@@ -154,7 +154,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
     print(json.dumps(settings.masked(), indent=2, default=str))
     print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}")
-    print(f"credentials OK: API server {client.host} (not contacted)")
+    print(f"credentials OK: API server {host} (not contacted)" if host else
+          "credentials: not checked (--local: a local control plane brings its own)")
     return 0
 
 
@@ -282,8 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--local", action="store_true", help="start a local control plane and run against it")
     run.add_argument("--identity", help="leader-election identity (default: hostname_uuid)")
     run.set_defaults(func=cmd_run)
-    with_settings(sub.add_parser("check-config", help="check settings, plugins and credentials without "
-                                 "connecting; print the effective settings")).set_defaults(func=cmd_check_config)
+    check = with_settings(sub.add_parser("check-config", help="check settings, plugins and credentials without "
+                                         "connecting; print the effective settings"))
+    check.add_argument("--local", action="store_true",
+                       help="the settings are for `run --local`: skip the credentials, a local control plane brings "
+                            "its own")
+    check.set_defaults(func=cmd_check_config)
     with_settings(sub.add_parser("discover", help="list served GVRs and whether they would be watched")
                   ).set_defaults(func=cmd_discover)
     status = with_settings(sub.add_parser("status", help="show a running sidecar's status"), cluster=False)

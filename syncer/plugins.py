@@ -76,7 +76,8 @@ def _import(spec: str) -> tuple[str, ModuleType]:
     if spec.endswith(".py") or "/" in spec:
         path = Path(spec)
         if not path.is_file():
-            raise PluginError(f"plugin {spec!r}: file not found")
+            raise PluginError(f"plugin {spec!r}: file not found (looked for {path.resolve()}; relative paths are "
+                              "taken from the current directory)")
         name = f"syncer_plugin_{path.stem}"
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:

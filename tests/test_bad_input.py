@@ -551,3 +551,13 @@ def test_the_readme_lists_every_setting_as_enforced() -> None:
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- settings:begin -->\n", 1)[1].split("<!-- settings:end -->", 1)[0]
     assert block == out, "README's settings table is stale: paste the output of `syncer settings` into it"
+
+
+def test_check_config_local_needs_no_credentials(tmp_path: Path) -> None:
+    (tmp_path / "s.toml").write_text('plugins = ["examples.plugins.configmap_mirror"]\n'
+                                     'include = ["core/configmaps", "core/namespaces"]\n')
+    env = {"KUBECONFIG": str(tmp_path / "missing")}
+    code, out, err = finish(syncer("check-config", "--local", "--settings", str(tmp_path / "s.toml"), env=env))
+    assert code == 0 and "credentials: not checked (--local" in out, out + err
+    code, out, err = finish(syncer("check-config", "--settings", str(tmp_path / "s.toml"), env=env))
+    assert code == 2 and err.startswith("error: kubeconfig ") and "does not exist" in err, err
