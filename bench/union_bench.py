@@ -48,6 +48,9 @@ from informers import (  # noqa: E402
 )
 from informers.union_informer import _for_cluster  # noqa: E402  (exactly what the union installs)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _runner_common import rss_bytes  # noqa: E402
+
 CONFIGMAPS = GVR("", "v1", "configmaps")
 VARIANTS = ("plain", "union", "union+cluster")
 _METRICS = InformerMetrics.for_registry(CollectorRegistry())
@@ -197,14 +200,6 @@ async def memory_offline(clusters: int) -> dict[str, float]:
 
 
 # -- 3. memory per idle cluster, real control plane -------------------------------------------------------------
-def rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return -1
-
-
 async def live_probe(kubeconfig: str, clusters: int, small_tls: bool) -> dict[str, float]:
     if small_tls:
         from syncer.runtime import small_tls_read_buffers
