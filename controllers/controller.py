@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
@@ -48,14 +47,14 @@ from informers.resource import Object
 
 from .context import ControllerContext, ReconcileContext, ReconcileStats
 from .events import EventRecorder
-from .fence import Fence
 from .finalizers import add_finalizer, has_finalizer, remove_finalizer
-from .metrics import ReconcileMetrics, ReconcileResult, reconcile_metrics
+from .metrics import reconcile_metrics
 from .owners import owner_requests
 from .predicates import Predicate, WatchEvent, WatchEventType
 from .ratelimiter import RateLimiter
-from .reconcile import Request, Result, TerminalError
-from .workqueue import QueueShutDown, WorkQueue
+from .reconcile import Request, Result
+from .worker import run_worker, still_in_term
+from .workqueue import WorkQueue
 
 ReconcileFunc = Callable[[Request, ReconcileContext], Awaitable[Result | None]]
 Reconcile = Callable[[Request], Awaitable[Result | None]] | ReconcileFunc
@@ -266,7 +265,10 @@ class Controller:
             await asyncio.gather(*(r.wait_for_sync() for r in regs))
             async with asyncio.TaskGroup() as tg:
                 for i in range(self.workers):
-                    tg.create_task(self._worker(queue, ctx, events, metrics), name=f"{self.name} worker {i}")
+                    tg.create_task(run_worker(
+                        queue, lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events)),
+                        fence=ctx.fence, stats=self.stats, metrics=metrics, log=self._log,
+                        max_retries=self.max_retries), name=f"{self.name} worker {i}")
         finally:
             queue.shutdown()
             for reg in regs:
@@ -281,67 +283,6 @@ class Controller:
         api_version = self._primary.group_version
         return lambda obj: owner_requests(obj, api_version, kind, controller_only=True, namespaced=namespaced)
 
-    async def _worker(self, queue: WorkQueue[Request], ctx: ControllerContext, events: EventRecorder | None,
-                      metrics: ReconcileMetrics) -> None:
-        fence: Fence = ctx.fence
-        while True:
-            try:
-                req = await queue.get()
-            except QueueShutDown:
-                return
-            if not fence.valid():
-                await self._park(queue, req)
-            metrics.active_workers += 1
-            started = time.monotonic()
-            outcome: ReconcileResult = "error"
-            terminal = False
-            try:
-                result = await self._handle(ReconcileContext(req, ctx, self._primary, events))
-            except asyncio.CancelledError:
-                queue.done(req)
-                raise
-            except _TermEnded:
-                await self._park(queue, req)  # cancelled there: the finally below counts the worker out
-            except TerminalError as e:
-                terminal = True
-                self.stats.record_error(e)
-                self._log.opt(exception=e).error("reconcile of {} failed with a terminal error; not retrying", req)
-                queue.forget(req)
-            except Exception as e:
-                self.stats.record_error(e)
-                retries = queue.num_requeues(req)
-                if self.max_retries is not None and retries >= self.max_retries:
-                    self._log.opt(exception=e).error("reconcile of {} failed {} times; dropping it", req,
-                                                     retries + 1)
-                    queue.forget(req)
-                else:
-                    self._log.opt(exception=e).warning("reconcile of {} failed; retrying", req)
-                    queue.add_rate_limited(req)
-            else:
-                self.stats.record_success()
-                outcome = "success"
-                if result is not None and result.requeue_after is not None:
-                    outcome = "requeue_after"
-                    queue.forget(req)
-                    queue.add_after(req, result.requeue_after)
-                elif result is not None and result.requeue:
-                    outcome = "requeue"
-                    queue.add_rate_limited(req)
-                else:
-                    queue.forget(req)
-            finally:
-                metrics.active_workers -= 1
-            metrics.observe(outcome, time.monotonic() - started, terminal)
-            queue.done(req)
-
-    async def _park(self, queue: WorkQueue[Request], req: Request) -> None:
-        """The term has ended and never comes back: leave ``req`` queued as it was (add marks it dirty, done puts
-        it back) and wait for the stop that is coming."""
-        queue.add(req)
-        queue.done(req)
-        self._log.info("leadership term ended; not starting {}", req)
-        await asyncio.get_running_loop().create_future()
-
     async def _handle(self, rc: ReconcileContext) -> Result | None:
         """One request: the finalizer's part, then ``reconcile``, unless the object is being deleted."""
         if self.finalizer is not None:
@@ -354,7 +295,7 @@ class Controller:
                     return None
                 if not has_finalizer(obj, self.finalizer):
                     await add_finalizer(rc.client, obj, self.finalizer)
-        _still_in_term(rc)
+        still_in_term(rc.ctx.fence)
         return await self._call(rc.request, rc)
 
     async def _finalize(self, rc: ReconcileContext) -> None:
@@ -365,18 +306,8 @@ class Controller:
         except NotFound:
             return
         if obj["metadata"].get("deletionTimestamp") and has_finalizer(obj, self.finalizer):
-            _still_in_term(rc)
+            still_in_term(rc.ctx.fence)
             await self.finalize(req, rc, obj)
             await remove_finalizer(rc.client, obj, self.finalizer)
             rc.log.info("finalized; removed finalizer {}", self.finalizer)
 
-
-class _TermEnded(Exception):
-    """The fence closed while a work item was being prepared: user code must not start."""
-
-
-def _still_in_term(rc: ReconcileContext) -> None:
-    # Checked again right before user code: the reads before it (the finalizer's GET and PATCH) may have
-    # outlasted the term, and user code can act through other means than the fenced client.
-    if not rc.ctx.fence.valid():
-        raise _TermEnded

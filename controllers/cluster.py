@@ -1,0 +1,136 @@
+"""Cluster: one member of a fleet (its API client and discovering informer factory), its conditions, the context
+handed to cluster handlers, and the handler protocols (skv2's ClusterHandler / ClusterRemovedHandler).
+
+skv2 hands a handler a ``context.Context`` that is cancelled when the cluster goes; teardown then runs in the
+handler's own goroutines, which nobody waits for, so "the cluster is gone" says nothing about whether its
+informers and handlers have stopped. Here a handler registers its teardown on the ``ClusterContext``
+(``add_cleanup``) and the registry awaits it (bounded) before it stops the cluster's informers and closes its
+connections: when a removal returns, everything of the cluster has stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkable
+
+from loguru import logger
+
+from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory
+
+LOCAL_CLUSTER = ""
+"""The name of the management cluster itself (skv2's ``LocalCluster``), a member when ``include_local`` is set."""
+
+Cleanup = Callable[[], Awaitable[None]]
+
+
+def display_name(cluster: str) -> str:
+    """How a cluster is named in logs and metric labels: the local cluster's name is empty."""
+    return cluster if cluster != LOCAL_CLUSTER else "(local)"
+
+
+class ConditionType(enum.StrEnum):
+    """A cluster goes through these in order; each is true, false (with the last error) or not known yet."""
+
+    CONNECTED = "Connected"
+    DISCOVERED = "Discovered"
+    SYNCED = "Synced"
+
+
+@dataclass
+class Condition:
+    """One condition: ``status`` None while unknown; ``reason`` a word, ``message`` the last error or detail."""
+
+    type: ConditionType
+    status: bool | None = None
+    reason: str = ""
+    message: str = ""
+    since: float = field(default_factory=time.time)
+
+    def set(self, status: bool | None, reason: str = "", message: str = "") -> None:
+        """Update, keeping ``since`` unless the status changes."""
+        if status != self.status:
+            self.since = time.time()
+        self.status, self.reason, self.message = status, reason, message
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"type": self.type.value, "status": {None: "Unknown", True: "True", False: "False"}[self.status],
+                "reason": self.reason, "message": self.message, "since": self.since}
+
+
+class Cluster:
+    """A connected member cluster: ``client`` (owned by the registry: do not close it) and ``factory`` (its own
+    API discovery; informers run for the GVRs that some controller requires)."""
+
+    def __init__(self, name: str, source: str, client: ApiClient,
+                 factory: DiscoveringDynamicSharedInformerFactory) -> None:
+        self.name = name
+        self.source = source
+        self.client = client
+        self.factory = factory
+
+    def not_synced(self, required: Iterable[GVR]) -> list[GVR]:
+        """The ``required`` GVRs this cluster serves whose informers have not synced (or report an error)."""
+        synced, pending = self.factory.informers()
+        waiting = set(pending)
+        return sorted(g for g in required if g in waiting or (g in synced and synced[g].last_error is not None))
+
+    def __repr__(self) -> str:
+        return f"Cluster({display_name(self.name)!r} from {self.source})"
+
+
+class ClusterContext:
+    """Handed to ``add_cluster``: cancelled when its cluster leaves or is replaced by a new connection (a rotated
+    kubeconfig). Teardown registered with ``add_cleanup`` is awaited by the registry, in reverse order."""
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self._cancelled = asyncio.Event()
+        self._cleanups: list[Cleanup] = []
+
+    def cancelled(self) -> bool:
+        """Whether the cluster has gone (or been replaced)."""
+        return self._cancelled.is_set()
+
+    async def wait(self) -> None:
+        """Return once cancelled."""
+        await self._cancelled.wait()
+
+    def add_cleanup(self, cleanup: Cleanup) -> None:
+        """Await ``cleanup()`` when the context is cancelled; RuntimeError once it is (the cluster is gone)."""
+        if self.cancelled():
+            raise RuntimeError(f"cluster {display_name(self.cluster)} has already gone")
+        self._cleanups.append(cleanup)
+
+    async def cancel(self, timeout: float) -> None:
+        """Cancel, then await the cleanups (each bounded by ``timeout``; a failing one is logged)."""
+        self._cancelled.set()
+        cleanups, self._cleanups = self._cleanups[::-1], []
+        for cleanup in cleanups:
+            try:
+                async with asyncio.timeout(timeout):
+                    await cleanup()
+            except TimeoutError:
+                logger.error("cluster {}: a cleanup did not finish within {:g}s", display_name(self.cluster), timeout)
+            except Exception:
+                logger.exception("cluster {}: a cleanup failed", display_name(self.cluster))
+
+
+@runtime_checkable
+class ClusterHandler(Protocol):
+    """Told about every cluster, present and future: ``add_cluster(ctx, name, cluster)`` (sync or async). It is
+    called again for the same name when a rotated kubeconfig brings a new connection, before the old
+    context is cancelled, so a handler can swap without a gap."""
+
+    def add_cluster(self, ctx: ClusterContext, name: str, cluster: Cluster) -> Any: ...
+
+
+@runtime_checkable
+class ClusterRemovedHandler(Protocol):
+    """A handler that also wants ``remove_cluster(name)`` (sync or async) when a cluster leaves for good (not
+    when it is replaced by a rotation); most teardown belongs in the context's cleanups instead."""
+
+    def remove_cluster(self, name: str) -> Any: ...

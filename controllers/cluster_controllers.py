@@ -1,0 +1,84 @@
+"""ClusterControllers: a cluster handler that runs the per-cluster controllers in every member cluster, each
+cluster with its own ControllerManager over that cluster's discovering factory and client.
+
+So a controller runs in exactly the clusters that serve its GVRs, and starts or stops in one cluster as a CRD
+comes or goes there, whatever the others do (skv2 and multicluster-runtime engage every controller in every
+cluster, and a controller whose kind a cluster lacks fails there). When a rotated kubeconfig brings a new
+connection, the cluster's old manager is stopped before the new one starts (its informers are synced by then,
+so the gap is a controller restart), never both at once: two instances of a controller acting on one cluster is
+what leader election exists to prevent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping
+
+from prometheus_client import CollectorRegistry
+
+from informers import Supervisor
+
+from .cluster import Cluster, ClusterContext, display_name
+from .fence import OPEN, Fence
+from .manager import ControllerManager, ManagedController
+
+
+class ClusterControllers:
+    """Runs ``controllers`` in every cluster it is told about (a ``ClusterHandler``); ``stop()`` stops them all.
+
+    The other arguments are the ControllerManager's, applied to every cluster's manager.
+    """
+
+    def __init__(
+        self, controllers: Mapping[str, ManagedController], *, name: str = "clusters", fence: Fence = OPEN,
+        workers: int = 1, resync_period: float | None = None, stop_timeout: float = 30.0,
+        start_timeout: float = 60.0, supervisor: Supervisor | None = None,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.controllers = dict(controllers)
+        self.name = name
+        self._options: dict[str, Any] = dict(
+            fence=fence, workers=workers, resync_period=resync_period, stop_timeout=stop_timeout,
+            start_timeout=start_timeout, supervisor=supervisor, metrics_registry=metrics_registry)
+        self._managers: dict[str, ControllerManager] = {}
+        self._stuck: list[str] = []
+        self._lock = asyncio.Lock()  # a cluster's managers change one at a time (rotation: stop old, start new)
+
+    async def add_cluster(self, ctx: ClusterContext, name: str, cluster: Cluster) -> None:
+        """Start a manager for ``cluster`` (stopping the one of its previous connection first)."""
+        if not self.controllers:
+            return
+        async with self._lock:
+            old = self._managers.pop(name, None)
+            if old is not None:
+                self._stuck += await old.stop()
+            manager = ControllerManager(f"{self.name}/{display_name(name)}", cluster.factory, self.controllers,
+                                        client=cluster.client, **self._options)
+            self._managers[name] = manager
+            await manager.start()
+        ctx.add_cleanup(lambda: self._stop(name, manager))
+
+    async def _stop(self, name: str, manager: ControllerManager) -> None:
+        async with self._lock:
+            if self._managers.get(name) is manager:  # a newer connection's manager is left alone
+                del self._managers[name]
+            self._stuck += [f"{n} (cluster {display_name(name)})" for n in await manager.stop()]
+
+    async def stop(self) -> list[str]:
+        """Stop every cluster's manager; the names of controllers that did not stop (see ``ControllerManager.stop``)."""
+        async with self._lock:
+            managers, self._managers = dict(self._managers), {}
+        results = await asyncio.gather(*(m.stop() for m in managers.values()))
+        stuck = self._stuck + [f"{n} (cluster {display_name(name)})" for name, names in zip(managers, results)
+                               for n in names]
+        self._stuck = []
+        return stuck
+
+    def status(self) -> dict[str, list[dict[str, Any]]]:
+        """Every cluster's controllers, as ``ControllerStatus.as_dict()``, by cluster name."""
+        return {name: [s.as_dict() for s in m.status().values()] for name, m in sorted(self._managers.items())}
+
+    def health(self) -> list[dict[str, Any]]:
+        """``{name, healthy, message}`` per controller per cluster."""
+        return [{**h, "name": f"{h['name']} (cluster {display_name(name)})"}
+                for name, m in sorted(self._managers.items()) for h in m.health()]

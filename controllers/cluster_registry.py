@@ -1,0 +1,583 @@
+"""ClusterRegistry: the fleet's members, from kubeconfig Secrets on the management cluster (skv2's ClusterWatcher
+and ManagerSet, multicluster-runtime's kubeconfig provider).
+
+Secrets are selected by label (``kube-syncer.io/kubeconfig=true`` and multicluster-runtime's label by default) or by
+type (skv2's ``solo.io/kubeconfig``), in the configured namespaces; the kubeconfig is under data key
+``kubeconfig``; the cluster is named after the Secret, or its ``kube-syncer.io/cluster-name`` annotation. Each
+member gets its own API client, its own discovering informer factory (so what runs in a cluster follows what that
+cluster serves) and, through the cluster handlers, its own controllers.
+
+Differences from the anchors, and why:
+
+- One task per member brings it up (connect, discover, sync) and retries it with backoff. skv2 and
+  multicluster-runtime do this in the watcher's worker, so one unreachable cluster delays every other; here a
+  cluster that does not sync within ``sync_timeout`` is engaged anyway (its condition says what is missing: its
+  other controllers need not wait for one forbidden or broken API), and no member ever blocks the registry.
+- Every removal is guarded by identity: a member is only dropped if it is still the one registered under its name,
+  and deleting a Secret cancels its member in whatever phase it is (connecting, retrying, syncing, running). skv2
+  deletes "the cluster named X" when an old start fails, which can remove its replacement, and keeps retrying a
+  cluster whose Secret is gone.
+- A changed kubeconfig (rotated credentials, a new endpoint) brings a second connection up and synced first; only
+  then are the handlers told (``add_cluster`` again, same name), and the old connection is stopped after. An
+  identical one (by hash) changes nothing. skv2 tears the cluster down first, leaving a gap in reconciling.
+- Two Secrets naming the same cluster: the first keeps it, the second is reported as a conflict (status, log)
+  until the first goes; nothing is merged or silently overwritten.
+- The kubeconfig is untrusted input (``informers.untrusted_kubeconfig``): exec plugins only from an allow-list,
+  no auth providers, no file paths, and never logged. A refused or malformed one is the member's condition, not
+  a crash, and is not retried until the Secret changes.
+- Conditions (Connected, Discovered, Synced, each with the last error) per member, in ``status()`` and as the
+  metric ``syncer_cluster_condition{cluster,condition}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import enum
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from loguru import logger
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from informers import (
+    GVR, ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory, FuncHandler, ResourceClient,
+    SharedIndexInformer, Supervisor, drop_managed_fields, object_key,
+)
+from informers.metrics import MetricSet
+from informers.store import DeletedFinalStateUnknown, Obj
+from informers.union_lister import ClusterNotFound
+from informers.untrusted_kubeconfig import KubeconfigError, KubeconfigInvalid, client_from_untrusted_kubeconfig, \
+    kubeconfig_hash
+from informers.wait import wait_first
+
+from .cluster import LOCAL_CLUSTER, Cluster, ClusterContext, ClusterHandler, ClusterRemovedHandler, Condition, \
+    ConditionType, display_name
+from .fence import OPEN, Fence
+from .workqueue import QueueShutDown, WorkQueue
+
+SECRETS = GVR("", "v1", "secrets")
+DEFAULT_LABEL_SELECTORS = ("kube-syncer.io/kubeconfig=true", "sigs.k8s.io/multicluster-runtime-kubeconfig=true")
+DEFAULT_SECRET_TYPES = ("solo.io/kubeconfig",)
+NAME_ANNOTATION = "kube-syncer.io/cluster-name"
+
+FactoryMaker = Callable[[ApiClient, str], DiscoveringDynamicSharedInformerFactory]
+
+
+@dataclass(frozen=True)
+class RegistryOptions:
+    """Where the kubeconfig Secrets are and how members are brought up (``namespaces`` empty: all)."""
+
+    namespaces: Sequence[str] = ()
+    label_selectors: Sequence[str] = DEFAULT_LABEL_SELECTORS
+    secret_types: Sequence[str] = DEFAULT_SECRET_TYPES
+    data_key: str = "kubeconfig"
+    name_annotation: str = NAME_ANNOTATION
+    include_local: bool = False
+    allowed_exec_commands: Sequence[str] = ()
+    sync_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    probe_interval: float = 15.0
+    cleanup_timeout: float = 30.0
+
+
+class MemberState(enum.StrEnum):
+    """Where a member is in its life."""
+
+    CONNECTING = "connecting"
+    DISCOVERING = "discovering"
+    SYNCING = "syncing"
+    READY = "ready"
+    RETRYING = "retrying"
+    REFUSED = "refused"
+    STOPPING = "stopping"
+
+
+class _Member:
+    """One registration of a cluster: a Secret's kubeconfig (by hash) and the task that keeps it."""
+
+    def __init__(self, name: str, source: str, data: bytes | None, replaces: "_Member | None" = None) -> None:
+        self.name = name
+        self.source = source
+        self.data = data
+        self.digest = kubeconfig_hash(data) if data is not None else ""
+        self.replaces = replaces
+        self.replaced = False
+        self.state = MemberState.CONNECTING
+        self.conditions = {t: Condition(t) for t in ConditionType}
+        self.attempts = 0
+        self.task: asyncio.Task[None] | None = None
+        self.client: ApiClient | None = None
+        self.factory: DiscoveringDynamicSharedInformerFactory | None = None
+        self.cluster: Cluster | None = None
+        self.ctx: ClusterContext | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.source == "local"
+
+
+@dataclass
+class _Conflict:
+    secret: str
+    cluster: str
+    holder: str
+    logged: bool = field(default=False)
+
+
+class ClusterRegistry:
+    """The members of the fleet, kept in step with the kubeconfig Secrets of ``management``.
+
+    ``required``: the GVRs some controller needs in every cluster (each member's factory watches those, see the
+    factory's ``watch="required"``); ``make_factory(client, name)`` builds a member's factory (by default one
+    watching only what is required); ``local_factory`` is the management cluster's own, reused for the local
+    member. ``fence``: the leadership term, applied to ``clients``.
+    """
+
+    def __init__(
+        self, management: ApiClient, options: RegistryOptions = RegistryOptions(), *, required: Iterable[GVR] = (),
+        make_factory: FactoryMaker | None = None, local_factory: DiscoveringDynamicSharedInformerFactory | None = None,
+        fence: Fence = OPEN, supervisor: Supervisor | None = None, metrics_registry: CollectorRegistry | None = None,
+        name: str = "clusters",
+    ) -> None:
+        self.management = management
+        self.options = options
+        self.required = frozenset(required)
+        self.name = name
+        self.fence = fence
+        self.clients = ClusterClients(self, fence)
+        self._make_factory = make_factory or _default_factory
+        self._local_factory = local_factory
+        self._supervisor = supervisor or Supervisor(name)
+        self._handlers: list[ClusterHandler] = []
+        self._members: dict[str, _Member] = {}  # cluster name -> its current member
+        self._by_secret: dict[str, str] = {}  # secret key -> the cluster name it registered
+        self._conflicts: dict[str, _Conflict] = {}  # secret key -> why it is not registered
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()  # handler calls (add, remove, cleanups) one at a time, in order
+        self._queue: WorkQueue[str] = WorkQueue()
+        self._informers = [self._secret_informer(ns, sel, typ) for ns in _or_all(options.namespaces)
+                           for sel, typ in [*((s, None) for s in options.label_selectors),
+                                            *((None, t) for t in options.secret_types)]]
+        self._started = False
+        self._log = logger.bind(component=name)
+        _Collector.for_registry(metrics_registry).registries.add(self)
+
+    def _secret_informer(self, namespace: str | None, selector: str | None, type: str | None) -> SharedIndexInformer:
+        inf = SharedIndexInformer(self.management, SECRETS, namespace=namespace, label_selector=selector,
+                                  field_selector=f"type={type}" if type else None, transform=drop_managed_fields)
+        inf.add_event_handler(FuncHandler(lambda obj, _initial: self._enqueue(obj), lambda _old, new: self._enqueue(new),
+                                          self._enqueue), name=self.name)
+        return inf
+
+    # -- public ------------------------------------------------------------------------------------------
+    async def register_cluster_handler(self, handler: ClusterHandler) -> None:
+        """``handler.add_cluster`` for every member now engaged, then for every future one."""
+        async with self._lock:
+            self._handlers.append(handler)
+            for m in list(self._members.values()):
+                engaged = m.replaces if m.ctx is None and m.replaces is not None else m
+                if engaged.ctx is not None and engaged.cluster is not None:
+                    await _call(handler.add_cluster, engaged.ctx, engaged.name, engaged.cluster)
+
+    def cluster(self, name: str) -> Cluster:
+        """The cluster ``name`` as engaged now; ClusterNotFound if it is not registered or not up yet."""
+        member = self._members.get(name)
+        engaged = member if member is None or member.cluster is not None else member.replaces
+        if engaged is None or engaged.cluster is None or engaged.ctx is None or engaged.ctx.cancelled():
+            raise ClusterNotFound(f"no cluster {display_name(name)!r} is registered and up (registered: "
+                                  f"{', '.join(map(display_name, self.list_clusters())) or 'none'})")
+        return engaged.cluster
+
+    def list_clusters(self) -> list[str]:
+        """The names of the members that are up (engaged), sorted."""
+        names = []
+        for name, m in self._members.items():
+            engaged = m if m.ctx is not None else m.replaces
+            if engaged is not None and engaged.ctx is not None and not engaged.ctx.cancelled():
+                names.append(name)
+        return sorted(names)
+
+    def synced(self) -> bool:
+        """True once every Secret informer has synced and every Secret they hold has been processed once (skv2's
+        users asked for "all initial clusters are registered"; members may still be connecting)."""
+        return all(inf.has_synced() for inf in self._informers) and len(self._queue) == 0 and \
+            self._queue.processing == 0
+
+    def status(self) -> dict[str, Any]:
+        """``{"clusters": [...], "conflicts": [...]}``: every member with its state and conditions."""
+        clusters = []
+        for name, m in sorted(self._members.items()):
+            conditions = self._conditions(m)
+            clusters.append({
+                "name": name, "display_name": display_name(name), "source": m.source, "state": m.state.value,
+                "ready": all(c.status for c in conditions), "attempts": m.attempts,
+                "replacing": m.replaces is not None, "conditions": [c.as_dict() for c in conditions]})
+        conflicts = [{"secret": c.secret, "cluster": c.cluster,
+                      "message": f"cluster name {display_name(c.cluster)!r} is already registered from {c.holder}"}
+                     for c in sorted(self._conflicts.values(), key=lambda c: c.secret)]
+        return {"clusters": clusters, "conflicts": conflicts}
+
+    async def start(self) -> None:
+        """Start watching the Secrets (and bring up the local member if configured)."""
+        if self._started:
+            return
+        self._started = True
+        if self.options.include_local:
+            self._add(_Member(LOCAL_CLUSTER, "local", None))
+        for inf in self._informers:
+            inf.start()
+        self._supervisor.spawn(f"{self.name} secrets", self._work)
+
+    async def stop(self) -> None:
+        """Stop watching, then stop every member (handlers' cleanups, informers, connections), awaited."""
+        await self._supervisor.cancel(f"{self.name} secrets")
+        self._queue.shutdown()
+        await asyncio.gather(*(inf.stop() for inf in self._informers))
+        for m in list(self._members.values()):
+            self._remove(m, "the registry is stopping")
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._started = False
+
+    # -- secrets -> members ------------------------------------------------------------------------------
+    def _enqueue(self, obj: Obj | DeletedFinalStateUnknown) -> None:
+        self._queue.add(obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj))
+
+    async def _work(self, _: Any) -> None:
+        while True:
+            try:
+                key = await self._queue.get()
+            except QueueShutDown:
+                return
+            try:
+                self._sync(key)
+                self._queue.forget(key)
+            except Exception:
+                self._log.exception("processing kubeconfig secret {} failed; retrying", key)
+                self._queue.add_rate_limited(key)
+            finally:
+                self._queue.done(key)
+
+    def _find(self, key: str) -> Obj | None:
+        namespace, _, name = key.rpartition("/")
+        for inf in self._informers:
+            obj = inf.lister.get(name, namespace or None)
+            if obj is not None:
+                return obj
+        return None
+
+    def _sync(self, key: str) -> None:
+        """Bring the members in line with the Secret ``key`` as the cache has it now (never an event's payload)."""
+        secret = self._find(key)
+        previous = self._by_secret.get(key)
+        name = None
+        if secret is not None:
+            meta = secret["metadata"]
+            name = (meta.get("annotations") or {}).get(self.options.name_annotation) or meta["name"]
+        if previous is not None and previous != name:
+            del self._by_secret[key]
+            member = self._members.get(previous)
+            if member is not None and member.source == f"secret {key}":
+                self._remove(member, "its secret is gone" if secret is None else "its secret names another cluster")
+        if secret is None or name is None:
+            self._conflicts.pop(key, None)
+            return
+        holder = self._members.get(name)
+        source = f"secret {key}"
+        if holder is not None and holder.source != source:
+            conflict = self._conflicts.setdefault(key, _Conflict(key, name, holder.source))
+            if not conflict.logged:
+                conflict.logged = True
+                self._log.error("secret {} names cluster {!r}, which {} already registered; it is ignored until "
+                                "that one goes (rename one, or set annotation {})", key, display_name(name),
+                                holder.source, self.options.name_annotation)
+            return
+        self._conflicts.pop(key, None)
+        self._by_secret[key] = name
+        data = _kubeconfig_bytes(secret, self.options.data_key)
+        if holder is not None and holder.digest == (kubeconfig_hash(data) if data is not None else ""):
+            return  # an identical kubeconfig: nothing restarts
+        if holder is not None:
+            self._log.info("cluster {}: kubeconfig changed; connecting anew before replacing the connection",
+                           display_name(name))
+            # The engaged member stays until the new one is up; a pending replacement is dropped for the newest.
+            engaged = holder if holder.ctx is not None else holder.replaces
+            if holder is not engaged:
+                self._cancel(holder)
+            self._add(_Member(name, source, data, replaces=engaged))
+        else:
+            self._log.info("cluster {} registered from {}", display_name(name), source)
+            self._add(_Member(name, source, data))
+
+    def _add(self, m: _Member) -> None:
+        self._members[m.name] = m
+        m.task = self._spawn(self._run(m), f"cluster {display_name(m.name)}")
+
+    def _spawn(self, work: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _remove(self, m: _Member, why: str) -> None:
+        """Drop ``m`` (and the member it was replacing) if it is still the one registered under its name."""
+        if self._members.get(m.name) is not m:
+            return
+        del self._members[m.name]
+        self._log.info("cluster {} leaves ({})", display_name(m.name), why)
+        self._cancel(m)
+        if m.replaces is not None:
+            self._cancel(m.replaces)
+        for key, conflict in list(self._conflicts.items()):
+            if conflict.cluster == m.name:  # the name is free: the next Secret naming it may register
+                del self._conflicts[key]
+                self._queue.add(key)
+
+    def _cancel(self, m: _Member) -> None:
+        m.state = MemberState.STOPPING
+        if m.task is not None:
+            m.task.cancel()
+
+    # -- one member --------------------------------------------------------------------------------------
+    async def _run(self, m: _Member) -> None:
+        backoff = Backoff(initial=1.0, cap=60.0)
+        try:
+            while True:
+                m.attempts += 1
+                try:
+                    cluster = await self._bring_up(m)
+                    break
+                except KubeconfigError as e:
+                    m.state = MemberState.REFUSED
+                    m.conditions[ConditionType.CONNECTED].set(False, type(e).__name__, str(e))
+                    self._log.error("cluster {}: {}", display_name(m.name), e)
+                    await asyncio.Future()  # until the Secret changes (a new member) or goes (cancelled)
+                except Exception as e:
+                    delay = backoff.next()
+                    m.state = MemberState.RETRYING
+                    self._condition_for(m).set(False, type(e).__name__, _describe(e))
+                    self._log.warning("cluster {}: {} failed ({}); retrying in {:.1f}s", display_name(m.name),
+                                      self._phase(m), _describe(e), delay)
+                    await self._release(m)
+                    await asyncio.sleep(delay)
+            await self._engage(m, cluster)
+            await self._probe(m)
+        finally:
+            await self._teardown(m)
+
+    def _phase(self, m: _Member) -> str:
+        return {MemberState.DISCOVERING: "discovery", MemberState.SYNCING: "sync"}.get(m.state, "connecting")
+
+    def _condition_for(self, m: _Member) -> Condition:
+        """The condition the current phase decides."""
+        t = {MemberState.DISCOVERING: ConditionType.DISCOVERED, MemberState.SYNCING: ConditionType.SYNCED}.get(
+            m.state, ConditionType.CONNECTED)
+        return m.conditions[t]
+
+    async def _bring_up(self, m: _Member) -> Cluster:
+        o = self.options
+        m.state = MemberState.CONNECTING
+        if m.local:
+            client = self.management
+        elif m.data is None:
+            raise KubeconfigInvalid(m.source, f"data key {o.data_key!r}", "is missing")
+        else:
+            client = client_from_untrusted_kubeconfig(m.data, allowed_exec_commands=o.allowed_exec_commands,
+                                                      source=m.source)
+        m.client = client
+        version = await client.request("GET", "/version", timeout=o.connect_timeout)
+        m.conditions[ConditionType.CONNECTED].set(True, "Connected", f"Kubernetes {version.get('gitVersion', '?')}")
+        m.state = MemberState.DISCOVERING
+        factory = m.factory = (self._local_factory if m.local and self._local_factory is not None
+                               else self._make_factory(client, m.name))
+        require = getattr(factory, "require", None)
+        if require is not None:
+            require(self.name, self.required)
+        async with asyncio.timeout(o.sync_timeout):
+            await factory.start()
+        m.conditions[ConditionType.DISCOVERED].set(True, "Discovered", f"{len(factory.status())} GVRs served")
+        m.state = MemberState.SYNCING
+        cluster = Cluster(m.name, m.source, client, factory)
+        if not await self._wait_synced(cluster, o.sync_timeout):
+            missing = ", ".join(map(str, cluster.not_synced(self.required)))
+            m.conditions[ConditionType.SYNCED].set(False, "SyncTimeout", f"not synced within {o.sync_timeout:g}s: "
+                                                   f"{missing}; engaged anyway, still waiting")
+            self._log.warning("cluster {}: informers not synced within {:g}s ({}); starting its controllers anyway",
+                              display_name(m.name), o.sync_timeout, missing)
+        return cluster
+
+    async def _wait_synced(self, cluster: Cluster, timeout: float) -> bool:
+        """Wait until every required GVR the cluster serves has a synced informer; False after ``timeout``."""
+        sub_id = f"{self.name} sync {id(cluster)}"
+        subscription = cluster.factory.subscribe(sub_id)
+
+        async def synced() -> None:
+            async for _ in subscription:
+                if not cluster.not_synced(self.required):
+                    return
+
+        try:
+            return await wait_first(synced(), timeout=timeout) == 0
+        finally:
+            cluster.factory.unsubscribe(sub_id)
+
+    async def _engage(self, m: _Member, cluster: Cluster) -> None:
+        """Tell the handlers (the member becomes the cluster), then stop the member it replaces."""
+        async with self._lock:
+            m.cluster = cluster
+            m.ctx = ClusterContext(m.name)
+            m.state = MemberState.READY
+            for handler in self._handlers:
+                await _call(handler.add_cluster, m.ctx, m.name, cluster)
+            old, m.replaces = m.replaces, None
+        self._log.info("cluster {} is up ({})", display_name(m.name), m.conditions[ConditionType.CONNECTED].message)
+        if old is not None:
+            old.replaced = True
+            self._cancel(old)
+            if old.task is not None:
+                await asyncio.gather(old.task, return_exceptions=True)
+
+    async def _probe(self, m: _Member) -> None:
+        """Keep the Connected condition current; informers reconnect by themselves."""
+        assert m.client is not None
+        connected = m.conditions[ConditionType.CONNECTED]
+        while True:
+            await asyncio.sleep(self.options.probe_interval)
+            try:
+                await m.client.request("GET", "/version", timeout=self.options.connect_timeout)
+            except Exception as e:
+                if connected.status:
+                    self._log.warning("cluster {}: not reachable ({})", display_name(m.name), _describe(e))
+                connected.set(False, type(e).__name__, _describe(e))
+            else:
+                if connected.status is False:
+                    self._log.info("cluster {}: reachable again", display_name(m.name))
+                connected.set(True, "Connected", connected.message if connected.reason == "Connected" else "")
+
+    async def _teardown(self, m: _Member) -> None:
+        m.state = MemberState.STOPPING
+        try:
+            if m.ctx is not None:
+                async with self._lock:
+                    await m.ctx.cancel(self.options.cleanup_timeout)
+                    if not m.replaced:
+                        for handler in self._handlers:
+                            if isinstance(handler, ClusterRemovedHandler):
+                                await _call(handler.remove_cluster, m.name)
+        finally:
+            await self._release(m)
+            self._log.debug("cluster {}: member from {} stopped", display_name(m.name), m.source)
+
+    async def _release(self, m: _Member) -> None:
+        """Stop the member's factory and close its client (neither when they are the management cluster's)."""
+        factory, m.factory = m.factory, None
+        client, m.client = m.client, None
+        try:
+            if factory is not None and factory is not self._local_factory:
+                await factory.shutdown()
+        finally:
+            if client is not None and client is not self.management:
+                await client.close()
+
+    def _conditions(self, m: _Member) -> list[Condition]:
+        """The member's conditions, Discovered and Synced made live once it is engaged."""
+        conditions = m.conditions
+        if m.cluster is not None and m.ctx is not None and not m.ctx.cancelled():
+            problems = m.cluster.factory.supervisor.problems()
+            if problems:
+                conditions[ConditionType.DISCOVERED].set(False, "DiscoveryFailing", "; ".join(
+                    f"{h.name}: {h.last_error}" for h in problems))
+            elif conditions[ConditionType.DISCOVERED].status is False:
+                conditions[ConditionType.DISCOVERED].set(True, "Discovered")
+            missing = m.cluster.not_synced(self.required)
+            if missing:
+                conditions[ConditionType.SYNCED].set(False, "NotSynced", "informers not synced or failing: " +
+                                                     ", ".join(map(str, missing)))
+            else:
+                conditions[ConditionType.SYNCED].set(True, "Synced")
+        return [conditions[t] for t in ConditionType]
+
+
+class ClusterClients:
+    """The multi-cluster client (skv2's ``mcClient``): a member's API client by cluster name, behind the same
+    fence as the controllers' own (writes are refused once the leadership term ends)."""
+
+    def __init__(self, registry: ClusterRegistry, fence: Fence = OPEN) -> None:
+        self._registry = registry
+        self._fence = fence
+
+    def cluster(self, name: str) -> ApiClient:
+        """The API client of cluster ``name``; ClusterNotFound if it is not up."""
+        client = self._registry.cluster(name).client
+        if self._fence is OPEN:
+            return client
+        return client.fenced(self._fence.valid, remaining=getattr(self._fence, "remaining", None))
+
+    def resource(self, name: str, gvr: GVR, field_manager: str | None = None) -> ResourceClient:
+        """A ResourceClient of ``gvr`` in cluster ``name``."""
+        return ResourceClient(self.cluster(name), gvr, field_manager=field_manager)
+
+    def list_clusters(self) -> list[str]:
+        """The clusters that are up, sorted."""
+        return self._registry.list_clusters()
+
+
+def _default_factory(client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
+    # A private metrics registry: informer series are labelled by GVR only, and two clusters' informers of one
+    # GVR would overwrite (and, when one stops, remove) each other's.
+    return DiscoveringDynamicSharedInformerFactory(client, watch="required", name=f"discovery {display_name(name)}",
+                                                   metrics_registry=CollectorRegistry())
+
+
+def _or_all(namespaces: Sequence[str]) -> list[str | None]:
+    return list(namespaces) or [None]
+
+
+def _kubeconfig_bytes(secret: Obj, key: str) -> bytes | None:
+    encoded = (secret.get("data") or {}).get(key)
+    if not encoded:
+        return None
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return b"\x00not base64"  # the loader reports it as malformed, per member, like any other bad kubeconfig
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> None:
+    """Call a handler method (sync or async); a failure is logged, never raised into the registry."""
+    try:
+        result = fn(*args)
+        if asyncio.iscoroutine(result):
+            await result
+    except Exception:
+        logger.exception("cluster handler {} failed", getattr(fn, "__qualname__", fn))
+
+
+class _Collector(MetricSet):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.registries: "weakref.WeakSet[ClusterRegistry]" = weakref.WeakSet()
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        conditions = GaugeMetricFamily("syncer_cluster_condition", "1 if the member cluster's condition is true, 0 "
+                                       "if false (absent while unknown).", labels=["cluster", "condition"])
+        members = GaugeMetricFamily("syncer_clusters", "Member clusters by state.", labels=["state"])
+        counts = dict.fromkeys((s.value for s in MemberState), 0)
+        for registry in list(self.registries):
+            for name, m in sorted(registry._members.items()):
+                counts[m.state.value] += 1
+                for c in registry._conditions(m):
+                    if c.status is not None:
+                        conditions.add_metric([display_name(name), c.type.value], float(c.status))
+        for state, n in counts.items():
+            members.add_metric([state], n)
+        yield from (conditions, members)

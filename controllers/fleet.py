@@ -1,0 +1,260 @@
+"""Fleet controllers: one reconcile loop over a GVR in every member cluster that serves it (skv2's multicluster
+``Loop`` / ``Reconciler`` / ``DeletionReconciler``).
+
+A ``FleetController`` is declared by a plugin; a ``FleetLoop`` runs one while this replica leads. Its informer is
+a ``UnionInformer`` whose subs come from each cluster's discovering factory: cluster C's informer of the GVR joins
+when it has synced and leaves when C stops serving the GVR (its CRD deleted) or leaves the fleet, so the loop sees
+the GVR in exactly the clusters where it exists, as CRDs come and go in each. One work queue is keyed by
+``ClusterRequest(cluster, name, namespace)``; a worker reads the object from that cluster's cache and calls
+``reconcile(cluster, request)``, or ``reconcile_deletion(cluster, request)`` once it is gone.
+
+Differences from the anchors, and why:
+
+- Requests of a cluster that has left (or no longer serves the GVR) are dropped, not retried: multicluster-runtime's
+  "cluster not found" requests looped forever before it learned this.
+- A sub is added and removed by identity: the informer of a previous connection (a rotated kubeconfig) or of a
+  previous CRD leaving late never removes its successor.
+- Retries, requeues, ``TerminalError``, metrics and the leadership fence work as in the Controller (one worker loop,
+  ``worker.py``); ``reconcile`` may be sync in skv2, here it must be a coroutine (a blocking one would stall the
+  process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
+
+from loguru import logger
+from prometheus_client import CollectorRegistry
+
+from informers import GVR, ApiClient, Backoff, SharedIndexInformer, UnionInformer
+from informers.store import DeletedFinalStateUnknown, Obj
+from informers.union_lister import UnionLister
+
+from .cluster import Cluster, ClusterContext, display_name
+from .cluster_registry import ClusterClients
+from .context import ReconcileStats
+from .fence import OPEN, Fence
+from .metrics import reconcile_metrics
+from .ratelimiter import RateLimiter
+from .reconcile import Request, Result
+from .worker import run_worker, still_in_term
+from .workqueue import WorkQueue
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRequest:
+    """A request in one cluster: the fleet work queue's key."""
+
+    cluster: str
+    name: str
+    namespace: str | None = None
+
+    @property
+    def request(self) -> Request:
+        """The request without its cluster."""
+        return Request(self.name, self.namespace)
+
+    def __str__(self) -> str:
+        return f"{display_name(self.cluster)}/{self.request.key}"
+
+
+@runtime_checkable
+class FleetReconciler(Protocol):
+    """``async reconcile(cluster, request) -> Result | None``; it may also define ``async
+    reconcile_deletion(cluster, request) -> Result | None``, called once the object is gone from that cluster."""
+
+    async def reconcile(self, cluster: str, request: Request) -> Result | None: ...
+
+
+class FleetContext:
+    """What ``FleetController.create`` gets: the union informer and its lister (objects of every cluster), the
+    multi-cluster ``clients``, the management cluster's ``management`` client (all fenced by the term), the
+    ``fence`` itself and a logger."""
+
+    def __init__(self, name: str, gvr: GVR, union: UnionInformer, clients: ClusterClients,
+                 management: ApiClient | None, fence: Fence = OPEN) -> None:
+        self.name = name
+        self.gvr = gvr
+        self.union = union
+        self.clients = clients
+        self.fence = fence
+        self.management = (management.fenced(fence.valid, remaining=getattr(fence, "remaining", None))
+                           if management is not None and fence is not OPEN else management)
+        self.log = logger.bind(controller=name)
+
+    @property
+    def lister(self) -> UnionLister:
+        """Reads across the clusters' caches of the GVR (``get_for_cluster``, ``list_for_cluster``, ...)."""
+        return self.union.lister
+
+    def get(self, request: ClusterRequest) -> Obj | None:
+        """The object of ``request`` in its cluster's cache, or None."""
+        return self.union.lister.get_for_cluster(request.cluster, request.name, request.namespace)
+
+
+CreateReconciler = Callable[[FleetContext], FleetReconciler | Awaitable[FleetReconciler]]
+
+
+@dataclass(frozen=True)
+class FleetController:
+    """A plugin's fleet-wide controller: ``create(ctx)`` (sync or async) returns the reconciler, once per
+    leadership term; ``workers`` reconcile concurrently."""
+
+    gvr: GVR
+    create: CreateReconciler
+    workers: int = 2
+
+
+class FleetLoop:
+    """Runs one FleetController over the clusters it is told about (a ``ClusterHandler``): ``await run()``
+    until cancelled."""
+
+    def __init__(
+        self, name: str, spec: FleetController, clients: ClusterClients, *, management: ApiClient | None = None,
+        fence: Fence = OPEN, rate_limiter: RateLimiter | None = None,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.name = name
+        self.spec = spec
+        self.fence = fence
+        self.union = UnionInformer(name, metrics_registry=metrics_registry)
+        self.context = FleetContext(name, spec.gvr, self.union, clients, management, fence)
+        self.stats = ReconcileStats()
+        self.queue: WorkQueue[ClusterRequest] = WorkQueue()
+        self._rate_limiter = rate_limiter
+        self._metrics_registry = metrics_registry
+        self._subs: dict[str, SharedIndexInformer] = {}  # cluster -> the informer it joined with
+        self._lock = asyncio.Lock()  # union changes in the order they were decided
+        self._log = logger.bind(controller=name)
+
+    # -- ClusterHandler ----------------------------------------------------------------------------------
+    def add_cluster(self, ctx: ClusterContext, name: str, cluster: Cluster) -> None:
+        """Follow ``cluster``'s informer of the GVR: it joins the union when synced, leaves when removed."""
+        feed = _Feed(self, ctx, name, self.spec.gvr)
+        cluster.factory.add_gvr_handler(feed)
+        ctx.add_cleanup(feed.leave)
+
+    async def _join(self, name: str, informer: SharedIndexInformer, ctx: ClusterContext) -> bool:
+        async with self._lock:
+            if ctx.cancelled():  # decided while the cluster (or this connection of it) was still there
+                return False
+            self._subs[name] = informer
+            await self.union.add(name, informer)
+        self._log.info("cluster {} joins fleet controller {} ({} served there)", display_name(name), self.name,
+                       self.spec.gvr)
+        return True
+
+    async def _leave(self, name: str, informer: SharedIndexInformer) -> None:
+        """Remove cluster ``name``'s sub, if it is still ``informer``."""
+        async with self._lock:
+            if self._subs.get(name) is not informer:
+                return
+            del self._subs[name]
+            await self.union.remove(name)
+        self._log.info("cluster {} leaves fleet controller {}", display_name(name), self.name)
+
+    # -- running -----------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Create the reconciler (retried with backoff while ``create`` fails), then reconcile until cancelled. The
+        union keeps its subs (the clusters' cleanups remove them), so a run that follows sees them at once."""
+        self.queue = WorkQueue(self.name, self._rate_limiter, self._metrics_registry)
+        reconciler = await self._create()
+        reconcile = reconciler.reconcile
+        deletion = getattr(reconciler, "reconcile_deletion", None)
+        metrics = reconcile_metrics(self.name, self._metrics_registry)
+        metrics.max_concurrent_reconciles = self.spec.workers
+        registration = self.union.add_event_handler(_Enqueuer(self.queue), name=self.name)
+
+        async def handle(item: ClusterRequest) -> Result | None:
+            still_in_term(self.fence)
+            if self.context.get(item) is not None:
+                result: Result | None = await reconcile(item.cluster, item.request)
+            else:
+                result = await deletion(item.cluster, item.request) if deletion is not None else None
+            return result
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for i in range(self.spec.workers):
+                    tg.create_task(run_worker(self.queue, handle, fence=self.fence, stats=self.stats, metrics=metrics,
+                                              log=self._log, skip=self._gone), name=f"{self.name} worker {i}")
+        finally:
+            self.queue.shutdown()
+            await self.union.remove_event_handler(registration)
+
+    async def _create(self) -> FleetReconciler:
+        backoff = Backoff(initial=1.0, cap=60.0)
+        while True:
+            try:
+                made = self.spec.create(self.context)
+                reconciler = await made if inspect.isawaitable(made) else made
+                if not inspect.iscoroutinefunction(getattr(reconciler, "reconcile", None)):
+                    raise TypeError(f"create() returned {type(reconciler).__name__}, which has no async "
+                                    "reconcile(cluster, request)")
+                return reconciler
+            except Exception as e:
+                delay = backoff.next()
+                self.stats.record_error(e)
+                self._log.opt(exception=e).error("fleet controller {}: create failed ({}); retrying in {:.1f}s",
+                                                 self.name, e, delay)
+                await asyncio.sleep(delay)
+
+    def _gone(self, item: ClusterRequest) -> str | None:
+        if item.cluster not in self._subs:
+            return f"cluster {display_name(item.cluster)} has left fleet controller {self.name}"
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """The clusters in the union and the reconcile counts."""
+        return {"name": self.name, "gvr": str(self.spec.gvr), "clusters": sorted(self._subs),
+                "queue": len(self.queue), "reconciles": self.stats.total, "reconcile_errors": self.stats.errors,
+                "last_reconcile_error": self.stats.last_error}
+
+
+class _Feed:
+    """The GVR handler on one cluster's factory: its informer of the fleet GVR joins and leaves the union."""
+
+    def __init__(self, loop: FleetLoop, ctx: ClusterContext, cluster: str, gvr: GVR) -> None:
+        self.loop, self.ctx, self.cluster, self.gvr = loop, ctx, cluster, gvr
+        self.informer: SharedIndexInformer | None = None
+
+    def on_gvr_added(self, gvr: GVR, informer: SharedIndexInformer) -> None:
+        """Nothing yet: a cluster joins once its informer has synced."""
+
+    async def on_gvr_synced(self, gvr: GVR, informer: SharedIndexInformer) -> None:
+        if gvr == self.gvr and await self.loop._join(self.cluster, informer, self.ctx):
+            self.informer = informer
+
+    async def on_gvr_removed(self, gvr: GVR) -> None:
+        if gvr == self.gvr:
+            await self.leave()
+
+    async def leave(self) -> None:
+        """Take this feed's informer out of the union (if it is still the cluster's sub)."""
+        informer, self.informer = self.informer, None
+        if informer is not None:
+            await self.loop._leave(self.cluster, informer)
+
+
+class _Enqueuer:
+    """Union handler: every event queues its object's ClusterRequest."""
+
+    def __init__(self, queue: WorkQueue[ClusterRequest]) -> None:
+        self.queue = queue
+
+    def _add(self, obj: Any, cluster: str) -> None:
+        obj = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
+        meta = obj["metadata"]
+        self.queue.add(ClusterRequest(cluster, meta["name"], meta.get("namespace") or None))
+
+    def on_add(self, obj: Obj, is_in_initial_list: bool, cluster: str) -> None:
+        self._add(obj, cluster)
+
+    def on_update(self, old: Obj, new: Obj, cluster: str) -> None:
+        self._add(new, cluster)
+
+    def on_delete(self, obj: Obj | DeletedFinalStateUnknown, cluster: str) -> None:
+        self._add(obj, cluster)
