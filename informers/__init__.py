@@ -29,6 +29,9 @@ from .union_informer import (
     ClusterEventHandler, HandlerInstallError, SubInformer, UnionInformer, UnionRegistration,
 )
 from .union_lister import ClusterNotFound, ClusterObject, UnionLister
+from .untrusted_kubeconfig import (
+    KubeconfigError, KubeconfigInvalid, KubeconfigRefused, client_from_untrusted_kubeconfig, kubeconfig_hash,
+)
 from .wait import wait_first
 
 __all__ = [
@@ -44,4 +47,5 @@ __all__ = [
     "FrozenDict", "FrozenList", "ReadOnlyError", "deep_copy",
     "ClusterEventHandler", "ClusterNotFound", "ClusterObject", "HandlerInstallError", "SubInformer", "UnionInformer",
     "UnionLister", "UnionRegistration",
+    "KubeconfigError", "KubeconfigInvalid", "KubeconfigRefused", "client_from_untrusted_kubeconfig", "kubeconfig_hash",
 ]

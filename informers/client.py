@@ -35,11 +35,26 @@ class ApiClient:
     """
 
     def __init__(self, configuration: kubernetes.client.Configuration, connect_timeout: float = 10.0,
-                 exec_plugin: ExecPlugin | None = None) -> None:
-        """``exec_plugin`` supplies the credential instead of ``configuration`` (see ``from_kubeconfig``)."""
+                 exec_plugin: ExecPlugin | None = None, *, ca_data: str | None = None,
+                 client_cert_data: str | None = None, client_key_data: str | None = None,
+                 tls_server_name: str | None = None) -> None:
+        """``exec_plugin`` supplies the credential instead of ``configuration`` (see ``from_kubeconfig``).
+
+        ``ca_data`` (PEM) is trusted in addition to ``configuration.ssl_ca_cert``; ``client_cert_data`` and
+        ``client_key_data`` (PEM, the key unencrypted) win over ``cert_file``/``key_file``. They are held in memory
+        and loaded like an exec plugin's certificate (``load_client_certificate``): the kubernetes package writes
+        each ``*-data`` field of a kubeconfig to a temporary file kept until the process exits, which piles up when
+        clusters come and go. ``tls_server_name`` is the name the server's certificate is checked against (and
+        sent as SNI) instead of the host of the URL.
+        """
+        if (client_cert_data is None) != (client_key_data is None):
+            raise ValueError("client_cert_data and client_key_data go together")
         self.configuration = configuration
         self.host = configuration.host.rstrip("/")
         self.exec_plugin = exec_plugin
+        self._ca_data = ca_data
+        self._client_cert = f"{client_cert_data}\n{client_key_data}" if client_cert_data is not None else None
+        self._tls_server_name = tls_server_name
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
         self._session_cert: str | None = None
@@ -77,12 +92,14 @@ class ApiClient:
         c = self.configuration
         if not self.host.startswith("https"):
             return False
-        ctx = ssl.create_default_context(cafile=c.ssl_ca_cert) if c.ssl_ca_cert else ssl.create_default_context()
+        ctx = ssl.create_default_context(cafile=c.ssl_ca_cert or None, cadata=self._ca_data)
         credential = self.exec_plugin.current if self.exec_plugin is not None else None
         # A client certificate from the exec plugin wins over the kubeconfig's, as in the kubernetes package.
         self._session_cert = credential.client_cert if credential is not None else None
         if self._session_cert is not None:
             load_client_certificate(ctx, self._session_cert)
+        elif self._client_cert is not None:
+            load_client_certificate(ctx, self._client_cert)
         elif c.cert_file:
             ctx.load_cert_chain(c.cert_file, c.key_file)
         if not c.verify_ssl:
@@ -170,14 +187,16 @@ class ApiClient:
         used = plugin.current if plugin is not None else None
         if guard is not None:
             guard()
-        async with self._get_session().request(method, url, headers=headers, **kwargs) as resp:
+        async with self._get_session().request(method, url, headers=headers, server_hostname=self._tls_server_name,
+                                               **kwargs) as resp:
             if resp.status != 401 or plugin is None:
                 yield resp
                 return
         fresh = {k: v for k, v in headers.items() if k != "Authorization"} | await self._exec_headers(plugin, used)
         if guard is not None:
             guard()
-        async with self._get_session().request(method, url, headers=fresh, **kwargs) as resp:
+        async with self._get_session().request(method, url, headers=fresh, server_hostname=self._tls_server_name,
+                                               **kwargs) as resp:
             yield resp
 
     # -- requests ----------------------------------------------------------------------------------------
