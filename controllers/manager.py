@@ -9,8 +9,11 @@ has ended (no overlap). ``create`` is bounded by ``start_timeout``; a failing or
 controller that returns or crashes on its own, is retried with exponential backoff. Handlers a controller
 registered through its context are removed when it ends, however it ends (also when cancelled mid-``create``).
 A source that offers removal hooks gets the controllers reading a GVR stopped before its informer is torn
-down. A controller that ignores its cancellation is reported (``stuck``; ``stop()`` returns its name) rather
-than forgotten: only the caller can decide that the process must end.
+down. A source that watches only what is required (``require``/``release``) is told, under the manager's
+name, every GVR its controllers require, from ``start()`` until ``stop()`` has stopped them: kcp's manager
+needs no such declaration because its source watches everything. A controller that ignores its cancellation
+is reported (``stuck``; ``stop()`` returns its name) rather than forgotten: only the caller can decide that
+the process must end.
 """
 
 from __future__ import annotations
@@ -168,9 +171,13 @@ class ControllerManager:
 
     # -- public ------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Subscribe to the source (and its removal hooks, if it has them) and begin passes (the first at once)."""
+        """Declare the required GVRs to the source (if it takes declarations), subscribe to it (and its removal
+        hooks, if it has them) and begin passes (the first at once)."""
         if self._looping:
             return
+        require = getattr(self.source, "require", None)
+        if require is not None:
+            require(self.name, {g for r in self._runners.values() for g in r.spec.required_gvrs})
         subscription = self.source.subscribe(self.name)
         # Our own wake-ups (a retry is due, an instance ended) are ticks of the same subscription: they coalesce
         # with the source's, and one loop serves them all.
@@ -182,7 +189,8 @@ class ControllerManager:
         self.supervisor.spawn(self._loop_name, lambda _: self._loop(subscription))
 
     async def stop(self) -> list[str]:
-        """End the passes, stop every controller (together, awaited up to ``stop_timeout``) and unsubscribe.
+        """End the passes, stop every controller (together, awaited up to ``stop_timeout``), unsubscribe, and
+        release the GVRs declared to the source.
 
         Returns the names of the controllers still alive after ``stop_timeout`` (they ignored the cancellation;
         an empty list normally). Their tasks are left running, marked ``stuck``: only the caller can end them,
@@ -203,6 +211,9 @@ class ControllerManager:
             self._m.running.remove(self.name)
         except KeyError:
             pass
+        release = getattr(self.source, "release", None)
+        if release is not None:  # last: the informers it lets go of are stopped once nothing of ours reads them
+            release(self.name)
         return self.alive()
 
     def alive(self) -> list[str]:

@@ -15,6 +15,15 @@ pass is retried the same way inside ``start()``, except when the server refuses 
 (``DiscoveryForbidden``), which no retry fixes. And kcp stops a vanished GVR's informer at once, while
 controllers may still read its cache; here removal hooks (``add_removal_hook``) are awaited first, so the
 controllers using a GVR stop while its cache is still whole.
+
+kcp watches every GVR it discovers, which a fleet multiplies by its clusters (50 clusters x 70 GVRs: 3,500
+watches, each holding a connection and a cache). With ``watch="required"`` a factory still discovers
+everything (``status()`` shows it all) but starts informers only for the GVRs some consumer declared with
+``require(owner, gvrs)`` (the controller manager declares its controllers'), plus those asked for with
+``for_resource``, which include the shared CRD and APIService informers of the discovery triggers. A GVR
+nobody requires any more is stopped like a vanished one (removal hooks first) by the pass its ``release``
+triggers; a newly required GVR that the last pass found served and permitted is started at once, so its
+consumer does not wait for that pass. ``watch="all"`` (the default) accepts the same calls and ignores them.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, get_args
 
 from loguru import logger
 from prometheus_client import CollectorRegistry
@@ -49,16 +58,20 @@ from .transforms import drop_managed_fields
 from .wait import wait_first
 
 RemovalHook = Callable[[GVR], Awaitable[None]]
+WatchMode = Literal["all", "required"]
 _EXPECTED_ERRORS = (ApiError, *CONNECTION_ERRORS)
 _PASS_SLACK = 10.0  # a pass's own work besides its bounded waits, generously
+_NOT_REQUIRED = "not required by any controller"
 
 
 class GVRState(enum.StrEnum):
-    """Where a GVR is: seen by discovery, left out (filter, permissions), or watched (and how that goes)."""
+    """Where a GVR is: seen by discovery, left out (filter, permissions), idle (could be watched, but nobody
+    requires it), or watched (and how that goes)."""
 
     DISCOVERED = "discovered"
     EXCLUDED = "excluded"
     FORBIDDEN = "forbidden"
+    IDLE = "idle"
     STARTING = "starting"
     SYNCED = "synced"
     STALE = "stale"
@@ -84,7 +97,8 @@ class GVRStatus:
 
 
 class DiscoveringDynamicSharedInformerFactory:
-    """Keeps exactly one informer per served, permitted, filtered GVR; an ``InformerSource``.
+    """Keeps exactly one informer per served, permitted, filtered GVR (with ``watch="required"``: per such GVR
+    that is also required); an ``InformerSource``.
 
     ``await start()`` runs the first discovery pass (retrying until it succeeds) before returning; ``await
     shutdown()`` stops everything. ``filter`` selects GVRs; ``check_permissions`` drops GVRs the user may not
@@ -99,8 +113,12 @@ class DiscoveringDynamicSharedInformerFactory:
         rediscovery_interval: float = 60.0, check_permissions: bool = False, watch_triggers: bool = True,
         min_pass_interval: float = 0.1, metrics_registry: CollectorRegistry | None = None,
         supervisor: Supervisor | None = None, removal_timeout: float = 30.0, name: str = "discovery",
+        watch: WatchMode = "all",
     ) -> None:
+        if watch not in get_args(WatchMode):  # a mistyped mode from a settings file would mean "all", silently
+            raise ValueError(f"watch must be one of {', '.join(get_args(WatchMode))}, not {watch!r}")
         self.client = client
+        self.watch = watch
         self.filter = filter or ResourceFilter()
         if namespace:
             self.filter.namespaced_only = True
@@ -119,7 +137,8 @@ class DiscoveringDynamicSharedInformerFactory:
             client, namespace=namespace, label_selector=label_selector, indexers=indexers, transform=transform,
             options=options, metrics_registry=metrics_registry)
         self._meta = DynamicSharedInformerFactory(client, options=options, metrics_registry=metrics_registry)
-        # A trigger needs every object, whole: a selector or a transform of the user's would hide some.
+        # A trigger needs every object, whole: a selector or a transform of the user's would hide some. A shared
+        # one is asked for with for_resource, so it is watched whether or not anybody requires it.
         shareable = label_selector is None and transform in (None, drop_managed_fields)
         providers: dict[GVR, InformerProvider] = {
             gvr: self if shareable and self._selects(gvr) else self._meta for gvr in (CRDS, APISERVICES)}
@@ -131,6 +150,7 @@ class DiscoveringDynamicSharedInformerFactory:
         self._removal_hooks: list[RemovalHook] = []
         self._identity: dict[GVR, str] = {}  # GVR -> CRD uid ("" for non-CRD resources, or not known yet)
         self._explicit: set[GVR] = set()
+        self._requirements: dict[str, frozenset[GVR]] = {}  # owner -> the GVRs it requires
         self._adopted: dict[GVR, asyncio.Task[None]] = {}  # started informers -> their sync announcement
         self._removing: set[GVR] = set()
         self._status: dict[GVR, GVRStatus] = {}
@@ -189,7 +209,7 @@ class DiscoveringDynamicSharedInformerFactory:
         self._explicit.add(gvr)
         inf, lister = self._inner.for_resource(gvr)
         if self._running and gvr not in self._adopted:
-            self._adopt(gvr, inf)
+            self._adopt(gvr)
         return inf, lister
 
     async def stop_resource(self, gvr: GVR) -> None:
@@ -198,6 +218,35 @@ class DiscoveringDynamicSharedInformerFactory:
         if gvr in self._inner.informers():
             await self._stop_informer(gvr, "stopped on request")
             self._notifier.notify_all()
+
+    def require(self, owner: str, gvrs: Iterable[GVR]) -> None:
+        """Declare the GVRs ``owner`` needs watched (replacing its previous declaration). With ``watch="required"``
+        a GVR served and permitted at the last pass is started at once, and a pass follows; otherwise a no-op."""
+        before = self._required()
+        self._requirements[owner] = frozenset(gvrs)
+        self._required_changed(before)
+
+    def release(self, owner: str) -> None:
+        """Drop ``owner``'s declaration; a pass then stops what nobody else requires (removal hooks first)."""
+        before = self._required()
+        self._requirements.pop(owner, None)
+        self._required_changed(before)
+
+    def _required(self) -> set[GVR]:
+        return set().union(*self._requirements.values())
+
+    def _required_changed(self, before: set[GVR]) -> None:
+        required = self._required()
+        if self.watch == "all" or not self._running or required == before:
+            return  # before start, the first pass reads the requirements
+        # The last pass found these watchable: their consumer need not wait for the next one to say so again.
+        idle = {g for g, st in self._status.items() if st.state is GVRState.IDLE}
+        started = (required - before) & (idle - self._inner.informers().keys())
+        for gvr in started:
+            self._adopt(gvr)
+        if started:
+            self._notifier.notify_all()
+        self.trigger()
 
     def status(self) -> list[GVRStatus]:
         """Every GVR seen by the last pass, with its current state."""
@@ -217,14 +266,14 @@ class DiscoveringDynamicSharedInformerFactory:
         return out
 
     def explain(self, gvr: GVR) -> str | None:
-        """Why ``gvr`` has no informer, for whoever waits for it: ``excluded: ...``, ``forbidden: ...``, ``not
-        served``; None when it has one (or the first pass has not run)."""
+        """Why ``gvr`` has no informer, for whoever waits for it: ``excluded: ...``, ``forbidden: ...``, ``idle: not
+        required by any controller``, ``not served``; None when it has one (or the first pass has not run)."""
         if self.last_pass is None or gvr in self._inner.informers():
             return None
         st = self._status.get(gvr)
         if st is None:
             return "not served"
-        if st.state in (GVRState.EXCLUDED, GVRState.FORBIDDEN):
+        if st.state in (GVRState.EXCLUDED, GVRState.FORBIDDEN, GVRState.IDLE):
             return f"{st.state.value}: {st.reason}"
         return None
 
@@ -355,7 +404,7 @@ class DiscoveringDynamicSharedInformerFactory:
             candidates.append(gvr)
         incomplete = await self.access.check(candidates, recheck_forbidden=periodic) if self.check_permissions \
             else None
-        desired: dict[GVR, str] = {}
+        permitted: dict[GVR, str] = {}
         for gvr in candidates:
             if self.check_permissions:
                 if not self.access.decided(gvr):
@@ -366,7 +415,13 @@ class DiscoveringDynamicSharedInformerFactory:
                     status[gvr].state, status[gvr].reason = GVRState.FORBIDDEN, denied
                     continue
             crd = crds.get((gvr.group, gvr.resource)) if crds is not None else None
-            desired[gvr] = crd.uid if crd else ""
+            permitted[gvr] = crd.uid if crd else ""
+        # Read the requirements only now, with nothing awaited before the reconciliation decides: a require()
+        # during this pass must not see its GVR stopped by a pass that did not know of it.
+        wanted = self._explicit | self._required()
+        desired = permitted if self.watch == "all" else {g: uid for g, uid in permitted.items() if g in wanted}
+        for gvr in permitted.keys() - desired.keys():
+            status[gvr].state, status[gvr].reason = GVRState.IDLE, _NOT_REQUIRED
         self._status = status
         changed = await self._reconcile(desired)
         self._log.debug("discovery pass {} ({}): {} GVRs served, {} watched, {} requests, {:.0f} ms",
@@ -396,12 +451,12 @@ class DiscoveringDynamicSharedInformerFactory:
             # The CRD cache may learn a uid after discovery showed the GVR: same informer, now identified.
             self._identity[gvr] = self._identity.get(gvr) or identity
             if gvr not in self._adopted:
-                inf, _ = self._inner.for_resource(gvr)
-                self._adopt(gvr, inf)
+                self._adopt(gvr)
                 changed = True
         return changed
 
-    def _adopt(self, gvr: GVR, inf: SharedIndexInformer) -> None:
+    def _adopt(self, gvr: GVR) -> None:
+        inf, _ = self._inner.for_resource(gvr)
         inf.add_error_listener(lambda e: self.trigger() if isinstance(e, ApiError) and e.status == 404 else None)
         inf.start()
         self._adopted[gvr] = asyncio.create_task(self._announce_sync(gvr, inf), name=f"sync watch {gvr}")

@@ -88,6 +88,11 @@ class InformerSource(Protocol):
     (the discovering factory does): every hook is awaited before the source stops and drops an informer, so
     whatever reads that informer's cache can be stopped while the cache is still whole. It is optional (look
     it up with ``getattr``); the returned function unregisters the hook.
+
+    So are ``require(owner: str, gvrs: Iterable[GVR]) -> None`` and ``release(owner: str) -> None``: a source
+    that watches only what is required (the discovering factory with ``watch="required"``) starts informers
+    for the union of the owners' declared GVRs and stops those nobody requires any more; ``require`` replaces
+    the owner's previous declaration. A source that watches everything may accept and ignore them.
     """
 
     def subscribe(self, id: str) -> Subscription: ...

@@ -73,7 +73,7 @@ def test_gvr_states_are_an_enum_and_serialise_as_before() -> None:
     doc = st.as_dict()
     assert doc["state"] == "synced" and type(doc["state"]) is str
     assert json.loads(json.dumps(doc))["state"] == "synced"
-    assert {s.value for s in GVRState} == {"discovered", "excluded", "forbidden", "starting", "synced", "stale",
+    assert {s.value for s in GVRState} == {"discovered", "excluded", "forbidden", "starting", "synced", "stale", "idle",
                                            "error"}
     assert st.state == "synced"  # still compares equal to the string
 
