@@ -105,18 +105,36 @@ class ClusterContext:
             raise RuntimeError(f"cluster {display_name(self.cluster)} has already gone")
         self._cleanups.append(cleanup)
 
-    async def cancel(self, timeout: float) -> None:
-        """Cancel, then await the cleanups (each bounded by ``timeout``; a failing one is logged)."""
+    def cancel(self) -> None:
+        """Mark the cluster gone: from now on ``cancelled()`` is True and ``wait()`` returns."""
         self._cancelled.set()
+
+    async def run_cleanups(self, timeout: float) -> None:
+        """Cancel, then await every cleanup in turn, each bounded by ``timeout`` (a failing one is logged). A
+        cancellation meanwhile does not cut them short: it is re-raised once they all have run, since a skipped
+        cleanup would leave the cluster's controllers running."""
+        self.cancel()
         cleanups, self._cleanups = self._cleanups[::-1], []
+        interrupted = False
         for cleanup in cleanups:
-            try:
-                async with asyncio.timeout(timeout):
-                    await cleanup()
-            except TimeoutError:
-                logger.error("cluster {}: a cleanup did not finish within {:g}s", display_name(self.cluster), timeout)
-            except Exception:
-                logger.exception("cluster {}: a cleanup failed", display_name(self.cluster))
+            task = asyncio.ensure_future(_bounded(cleanup, timeout, self.cluster))
+            while not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    interrupted = True
+        if interrupted:
+            raise asyncio.CancelledError
+
+
+async def _bounded(cleanup: Cleanup, timeout: float, cluster: str) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await cleanup()
+    except TimeoutError:
+        logger.error("cluster {}: a cleanup did not finish within {:g}s", display_name(cluster), timeout)
+    except Exception:
+        logger.exception("cluster {}: a cleanup failed", display_name(cluster))
 
 
 @runtime_checkable

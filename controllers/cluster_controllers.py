@@ -42,6 +42,7 @@ class ClusterControllers:
             start_timeout=start_timeout, supervisor=supervisor, metrics_registry=metrics_registry)
         self._managers: dict[str, ControllerManager] = {}
         self._stuck: list[str] = []
+        self._closed = False  # stopped: a cluster engaged late gets no manager (nobody would stop it)
         self._lock = asyncio.Lock()  # a cluster's managers change one at a time (rotation: stop old, start new)
 
     async def add_cluster(self, ctx: ClusterContext, name: str, cluster: Cluster) -> None:
@@ -49,6 +50,8 @@ class ClusterControllers:
         if not self.controllers:
             return
         async with self._lock:
+            if self._closed:
+                return
             old = self._managers.pop(name, None)
             if old is not None:
                 self._stuck += await old.stop()
@@ -65,8 +68,10 @@ class ClusterControllers:
             self._stuck += [f"{n} (cluster {display_name(name)})" for n in await manager.stop()]
 
     async def stop(self) -> list[str]:
-        """Stop every cluster's manager; the names of controllers that did not stop (see ``ControllerManager.stop``)."""
+        """Stop every cluster's manager, and start no more; the names of controllers that did not stop (see
+        ``ControllerManager.stop``), including those of managers stopped before (a rotation, a cluster leaving)."""
         async with self._lock:
+            self._closed = True
             managers, self._managers = dict(self._managers), {}
         results = await asyncio.gather(*(m.stop() for m in managers.values()))
         stuck = self._stuck + [f"{n} (cluster {display_name(name)})" for name, names in zip(managers, results)
@@ -79,6 +84,9 @@ class ClusterControllers:
         return {name: [s.as_dict() for s in m.status().values()] for name, m in sorted(self._managers.items())}
 
     def health(self) -> list[dict[str, Any]]:
-        """``{name, healthy, message}`` per controller per cluster."""
-        return [{**h, "name": f"{h['name']} (cluster {display_name(name)})"}
-                for name, m in sorted(self._managers.items()) for h in m.health()]
+        """``{name, healthy, message}`` per controller per cluster; only a stuck one is unhealthy: one failing in
+        one member cluster (that cluster unreachable, say) is that cluster's problem, shown in its status, and
+        restarting this process would not fix it."""
+        return [{"name": f"{st.name} (cluster {display_name(name)})", "healthy": st.state != "stuck",
+                 "message": st.last_error if st.state in ("stuck", "backoff") else st.state}
+                for name, m in sorted(self._managers.items()) for st in m.status().values()]

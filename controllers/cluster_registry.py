@@ -35,6 +35,7 @@ import asyncio
 import base64
 import binascii
 import enum
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -56,13 +57,15 @@ from informers.wait import wait_first
 
 from .cluster import LOCAL_CLUSTER, Cluster, ClusterContext, ClusterHandler, ClusterRemovedHandler, Condition, \
     ConditionType, display_name
-from .fence import OPEN, Fence
+from .fence import OPEN, Fence, fenced
 from .workqueue import QueueShutDown, WorkQueue
 
 SECRETS = GVR("", "v1", "secrets")
 DEFAULT_LABEL_SELECTORS = ("kube-syncer.io/kubeconfig=true", "sigs.k8s.io/multicluster-runtime-kubeconfig=true")
 DEFAULT_SECRET_TYPES = ("solo.io/kubeconfig",)
 NAME_ANNOTATION = "kube-syncer.io/cluster-name"
+# A Secret's own name always is one; an annotation must be too (names are compared exactly, as Kubernetes does).
+_CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 FactoryMaker = Callable[[ApiClient, str], DiscoveringDynamicSharedInformerFactory]
 
@@ -106,6 +109,7 @@ class _Member:
         self.digest = kubeconfig_hash(data) if data is not None else ""
         self.replaces = replaces
         self.replaced = False
+        self.cancelled = False
         self.state = MemberState.CONNECTING
         self.conditions = {t: Condition(t) for t in ConditionType}
         self.attempts = 0
@@ -122,9 +126,12 @@ class _Member:
 
 @dataclass
 class _Conflict:
+    """A Secret that does not register its cluster, and why."""
+
     secret: str
     cluster: str
     holder: str
+    message: str
     logged: bool = field(default=False)
 
 
@@ -216,8 +223,7 @@ class ClusterRegistry:
                 "name": name, "display_name": display_name(name), "source": m.source, "state": m.state.value,
                 "ready": all(c.status for c in conditions), "attempts": m.attempts,
                 "replacing": m.replaces is not None, "conditions": [c.as_dict() for c in conditions]})
-        conflicts = [{"secret": c.secret, "cluster": c.cluster,
-                      "message": f"cluster name {display_name(c.cluster)!r} is already registered from {c.holder}"}
+        conflicts = [{"secret": c.secret, "cluster": c.cluster, "message": c.message}
                      for c in sorted(self._conflicts.values(), key=lambda c: c.secret)]
         return {"clusters": clusters, "conflicts": conflicts}
 
@@ -286,10 +292,16 @@ class ClusterRegistry:
         if secret is None or name is None:
             self._conflicts.pop(key, None)
             return
-        holder = self._members.get(name)
         source = f"secret {key}"
+        if not _CLUSTER_NAME.match(name):
+            self._conflicts[key] = _Conflict(key, name, "", f"annotation {self.options.name_annotation} names "
+                                             f"cluster {name!r}, which is not a DNS-1123 subdomain (lowercase)")
+            return
+        holder = self._members.get(name)
         if holder is not None and holder.source != source:
-            conflict = self._conflicts.setdefault(key, _Conflict(key, name, holder.source))
+            conflict = self._conflicts.setdefault(key, _Conflict(
+                key, name, holder.source, f"cluster name {display_name(name)!r} is already registered from "
+                f"{holder.source}"))
             if not conflict.logged:
                 conflict.logged = True
                 self._log.error("secret {} names cluster {!r}, which {} already registered; it is ignored until "
@@ -330,17 +342,21 @@ class ClusterRegistry:
         del self._members[m.name]
         self._log.info("cluster {} leaves ({})", display_name(m.name), why)
         self._cancel(m)
-        if m.replaces is not None:
-            self._cancel(m.replaces)
         for key, conflict in list(self._conflicts.items()):
             if conflict.cluster == m.name:  # the name is free: the next Secret naming it may register
                 del self._conflicts[key]
                 self._queue.add(key)
 
     def _cancel(self, m: _Member) -> None:
-        m.state = MemberState.STOPPING
-        if m.task is not None:
-            m.task.cancel()
+        """Cancel ``m`` and every member it is still replacing, each once (a second cancellation would cut its
+        teardown short)."""
+        member: _Member | None = m
+        while member is not None and not member.cancelled:
+            member.cancelled = True
+            member.state = MemberState.STOPPING
+            if member.task is not None:
+                member.task.cancel()
+            member = member.replaces
 
     # -- one member --------------------------------------------------------------------------------------
     async def _run(self, m: _Member) -> None:
@@ -439,7 +455,7 @@ class ClusterRegistry:
             old.replaced = True
             self._cancel(old)
             if old.task is not None:
-                await asyncio.gather(old.task, return_exceptions=True)
+                await asyncio.wait({old.task})  # a cancellation of ours must not reach the old member's teardown
 
     async def _probe(self, m: _Member) -> None:
         """Keep the Connected condition current; informers reconnect by themselves."""
@@ -462,8 +478,9 @@ class ClusterRegistry:
         m.state = MemberState.STOPPING
         try:
             if m.ctx is not None:
+                m.ctx.cancel()  # at once: whatever waits for the lock already sees the cluster gone
                 async with self._lock:
-                    await m.ctx.cancel(self.options.cleanup_timeout)
+                    await m.ctx.run_cleanups(self.options.cleanup_timeout)
                     if not m.replaced:
                         for handler in self._handlers:
                             if isinstance(handler, ClusterRemovedHandler):
@@ -477,7 +494,11 @@ class ClusterRegistry:
         factory, m.factory = m.factory, None
         client, m.client = m.client, None
         try:
-            if factory is not None and factory is not self._local_factory:
+            if factory is not None and factory is self._local_factory:
+                release = getattr(factory, "release", None)
+                if release is not None:
+                    release(self.name)  # the sidecar's own factory outlives the member
+            elif factory is not None:
                 await factory.shutdown()
         finally:
             if client is not None and client is not self.management:
@@ -512,10 +533,7 @@ class ClusterClients:
 
     def cluster(self, name: str) -> ApiClient:
         """The API client of cluster ``name``; ClusterNotFound if it is not up."""
-        client = self._registry.cluster(name).client
-        if self._fence is OPEN:
-            return client
-        return client.fenced(self._fence.valid, remaining=getattr(self._fence, "remaining", None))
+        return fenced(self._registry.cluster(name).client, self._fence)
 
     def resource(self, name: str, gvr: GVR, field_manager: str | None = None) -> ResourceClient:
         """A ResourceClient of ``gvr`` in cluster ``name``."""

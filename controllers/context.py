@@ -22,7 +22,7 @@ from informers.mapper import RESTMapper
 from informers.resource import ResourceClient
 
 from .events import EventRecorder
-from .fence import OPEN, Fence
+from .fence import OPEN, Fence, fenced
 from .reconcile import Request
 
 if TYPE_CHECKING:
@@ -69,8 +69,7 @@ class ControllerContext:
         self.informers = informers
         self.source = source
         self.fence = fence
-        self.client = (client.fenced(fence.valid, remaining=getattr(fence, "remaining", None))
-                       if client is not None and fence is not OPEN else client)
+        self.client = fenced(client, fence) if client is not None else None
         self.workers = workers
         self.resync_period = resync_period
         self.reconcile_stats = reconcile_stats if reconcile_stats is not None else ReconcileStats()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from informers import ApiClient
+
 
 class Fence(Protocol):
     """``valid()`` is True while the term that started a controller still holds. A fence may also offer
@@ -26,3 +28,8 @@ class _Open:
 
 
 OPEN: Fence = _Open()
+
+
+def fenced(client: ApiClient, fence: Fence) -> ApiClient:
+    """``client`` seen through ``fence`` (writes refused once it no longer holds); ``client`` itself when ``OPEN``."""
+    return client if fence is OPEN else client.fenced(fence.valid, remaining=getattr(fence, "remaining", None))

@@ -33,15 +33,24 @@ from informers import GVR, ApiClient, Backoff, SharedIndexInformer, UnionInforme
 from informers.store import DeletedFinalStateUnknown, Obj
 from informers.union_lister import UnionLister
 
-from .cluster import Cluster, ClusterContext, display_name
+from .cluster import LOCAL_CLUSTER, Cluster, ClusterContext, display_name
 from .cluster_registry import ClusterClients
 from .context import ReconcileStats
-from .fence import OPEN, Fence
+from .fence import OPEN, Fence, fenced
 from .metrics import reconcile_metrics
 from .ratelimiter import RateLimiter
 from .reconcile import Request, Result
 from .worker import run_worker, still_in_term
 from .workqueue import WorkQueue
+
+
+_LOCAL_UNION_NAME = "(local)"
+
+
+def union_name(cluster: str) -> str:
+    """The name of ``cluster`` in a fleet controller's union: a union needs a name, and the local cluster's is
+    empty, so it is ``(local)`` there (no Secret can be named so); requests still carry ``""``."""
+    return cluster or _LOCAL_UNION_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,18 +90,18 @@ class FleetContext:
         self.union = union
         self.clients = clients
         self.fence = fence
-        self.management = (management.fenced(fence.valid, remaining=getattr(fence, "remaining", None))
-                           if management is not None and fence is not OPEN else management)
+        self.management = fenced(management, fence) if management is not None else None
         self.log = logger.bind(controller=name)
 
     @property
     def lister(self) -> UnionLister:
-        """Reads across the clusters' caches of the GVR (``get_for_cluster``, ``list_for_cluster``, ...)."""
+        """Reads across the clusters' caches of the GVR (``get_for_cluster``, ``list_for_cluster``, ...), where the
+        local cluster is named ``union_name("")``."""
         return self.union.lister
 
     def get(self, request: ClusterRequest) -> Obj | None:
         """The object of ``request`` in its cluster's cache, or None."""
-        return self.union.lister.get_for_cluster(request.cluster, request.name, request.namespace)
+        return self.union.lister.get_for_cluster(union_name(request.cluster), request.name, request.namespace)
 
 
 CreateReconciler = Callable[[FleetContext], FleetReconciler | Awaitable[FleetReconciler]]
@@ -132,20 +141,30 @@ class FleetLoop:
 
     # -- ClusterHandler ----------------------------------------------------------------------------------
     def add_cluster(self, ctx: ClusterContext, name: str, cluster: Cluster) -> None:
-        """Follow ``cluster``'s informer of the GVR: it joins the union when synced, leaves when removed."""
+        """Follow ``cluster``'s informer of the GVR: it joins the union when synced and leaves before the factory
+        stops it (while its cache is still whole: a request read from an emptied cache would look like a
+        deletion), or when the cluster goes."""
         feed = _Feed(self, ctx, name, self.spec.gvr)
-        cluster.factory.add_gvr_handler(feed)
-        ctx.add_cleanup(feed.leave)
+        factory = cluster.factory
+        factory.add_gvr_handler(feed)
+        unhook = factory.add_removal_hook(feed.before_removal)
 
-    async def _join(self, name: str, informer: SharedIndexInformer, ctx: ClusterContext) -> bool:
+        async def cleanup() -> None:
+            unhook()
+            await feed.leave()
+            await factory.remove_gvr_handler(feed)  # the local cluster's factory outlives this loop
+
+        ctx.add_cleanup(cleanup)
+
+    async def _join(self, feed: "_Feed", informer: SharedIndexInformer) -> None:
         async with self._lock:
-            if ctx.cancelled():  # decided while the cluster (or this connection of it) was still there
-                return False
-            self._subs[name] = informer
-            await self.union.add(name, informer)
-        self._log.info("cluster {} joins fleet controller {} ({} served there)", display_name(name), self.name,
-                       self.spec.gvr)
-        return True
+            if feed.ctx.cancelled():  # decided while the cluster (or this connection of it) was still there
+                return
+            feed.informer = informer  # before awaiting: a leave() from now on knows what to take out
+            await self.union.add(union_name(feed.cluster), informer)
+            self._subs[feed.cluster] = informer
+        self._log.info("cluster {} joins fleet controller {} ({} served there)", display_name(feed.cluster),
+                       self.name, self.spec.gvr)
 
     async def _leave(self, name: str, informer: SharedIndexInformer) -> None:
         """Remove cluster ``name``'s sub, if it is still ``informer``."""
@@ -153,7 +172,7 @@ class FleetLoop:
             if self._subs.get(name) is not informer:
                 return
             del self._subs[name]
-            await self.union.remove(name)
+            await self.union.remove(union_name(name))
         self._log.info("cluster {} leaves fleet controller {}", display_name(name), self.name)
 
     # -- running -----------------------------------------------------------------------------------------
@@ -225,10 +244,15 @@ class _Feed:
         """Nothing yet: a cluster joins once its informer has synced."""
 
     async def on_gvr_synced(self, gvr: GVR, informer: SharedIndexInformer) -> None:
-        if gvr == self.gvr and await self.loop._join(self.cluster, informer, self.ctx):
-            self.informer = informer
+        if gvr == self.gvr:
+            await self.loop._join(self, informer)
 
     async def on_gvr_removed(self, gvr: GVR) -> None:
+        if gvr == self.gvr:  # normally gone already, by the removal hook
+            await self.leave()
+
+    async def before_removal(self, gvr: GVR) -> None:
+        """The factory's removal hook: leave while the informer's cache is still whole."""
         if gvr == self.gvr:
             await self.leave()
 
@@ -248,7 +272,8 @@ class _Enqueuer:
     def _add(self, obj: Any, cluster: str) -> None:
         obj = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
         meta = obj["metadata"]
-        self.queue.add(ClusterRequest(cluster, meta["name"], meta.get("namespace") or None))
+        self.queue.add(ClusterRequest(LOCAL_CLUSTER if cluster == _LOCAL_UNION_NAME else cluster, meta["name"],
+                                      meta.get("namespace") or None))
 
     def on_add(self, obj: Obj, is_in_initial_list: bool, cluster: str) -> None:
         self._add(obj, cluster)

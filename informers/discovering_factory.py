@@ -204,6 +204,10 @@ class DiscoveringDynamicSharedInformerFactory:
         informers = self._inner.informers()
         self._listeners.add(handler, {gvr: informers[gvr] for gvr in self._adopted if gvr in informers})
 
+    async def remove_gvr_handler(self, handler: GVRHandler) -> None:
+        """Stop delivering GVR events to ``handler`` (a handler whose owner outlives it must; shutdown ends all)."""
+        await self._listeners.remove(handler)
+
     def for_resource(self, gvr: GVR) -> tuple[SharedIndexInformer, Lister]:
         """The informer of ``gvr`` (discovered or not); an explicitly requested one is never dropped by a pass."""
         self._explicit.add(gvr)

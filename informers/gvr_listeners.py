@@ -66,6 +66,14 @@ class GVRListeners:
                 listener.queue.put_nowait(("on_gvr_synced", (gvr, inf)))
         self._listeners.append(listener)
 
+    async def remove(self, handler: GVRHandler) -> None:
+        """Stop delivering to ``handler`` (its pending events are dropped); awaits its delivery task."""
+        gone = [listener for listener in self._listeners if listener.handler is handler]
+        self._listeners = [listener for listener in self._listeners if listener.handler is not handler]
+        for listener in gone:
+            listener.task.cancel()
+        await asyncio.gather(*(listener.task for listener in gone), return_exceptions=True)
+
     def emit(self, method: Event, *args: Any) -> None:
         """Queue one event for every handler; never blocks."""
         for listener in self._listeners:

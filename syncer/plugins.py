@@ -3,10 +3,15 @@
 A plugin is a module named by dotted path (``examples.plugins.configmap_mirror``), a ``.py`` file path, or an
 installed package advertising an entry point in the ``syncer.controllers`` group. It defines one hook or more::
 
-    def syncer_controllers(settings: dict) -> dict[str, ManagedController]: ...
+    def syncer_controllers(settings: dict) -> dict[str, ManagedController]: ...      # in every cluster
+    def syncer_fleet_controllers(settings: dict) -> dict[str, FleetController]: ...  # once, over all clusters
     def syncer_webhooks(settings: dict) -> list[Webhook]: ...      # syncer.webhook: Validating/MutatingWebhook
     def syncer_stores(settings: dict) -> list[Store]: ...          # syncer.runnables: recovered before controllers
     def syncer_runnables(settings: dict) -> list[Runnable]: ...    # syncer.runnables: run while leading
+
+With ``[clusters] enabled``, each ``syncer_controllers`` controller runs in every member cluster that serves its
+GVRs (a ControllerManager per cluster, with that cluster's client in its context), and each fleet controller runs
+once, over the union of the member clusters' informers of its GVR (``controllers.fleet``).
 
 ``settings`` is the plugin's own table ``[plugin_settings.<short name>]`` (the module's last name, the file's
 stem, or the entry point's name). Installed entry-point plugins are loaded unless the ``entry_point_plugins``
@@ -23,17 +28,20 @@ import traceback
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 
 from loguru import logger
 
 from controllers import ManagedController
+from controllers.fleet import FleetController
 from informers import GVR
 
 from .runnables import Runnable, Store, check_runnable, check_store
 from .webhook import Webhook
 
+T = TypeVar("T")
 HOOK = "syncer_controllers"
+FLEET_HOOK = "syncer_fleet_controllers"
 ENTRY_POINT_GROUP = "syncer.controllers"
 
 
@@ -57,12 +65,14 @@ EXTENSION_HOOKS = {
 
 
 class Plugins(dict[str, ManagedController]):
-    """The loaded plugins: their controllers by name (the dict itself), webhooks, stores and runnables."""
+    """The loaded plugins: their controllers by name (the dict itself), fleet controllers by name, webhooks, stores
+    and runnables."""
 
     def __init__(self, controllers: Mapping[str, ManagedController] | None = None, *,
                  webhooks: Sequence[Webhook] = (), stores: Sequence[Store] = (),
-                 runnables: Sequence[Runnable] = ()) -> None:
+                 runnables: Sequence[Runnable] = (), fleet: Mapping[str, FleetController] | None = None) -> None:
         super().__init__(controllers or {})
+        self.fleet = dict(fleet or {})
         self.webhooks = list(webhooks)
         self.stores = list(stores)
         self.runnables = list(runnables)
@@ -99,20 +109,40 @@ def _describe_import_error(spec: str, e: BaseException) -> str:
     return f"plugin {spec!r} raised on import: {type(e).__name__}: {e}{where}"
 
 
-def _controllers(origin: str, hook: Callable[..., Any], settings: dict[str, Any]) -> dict[str, ManagedController]:
+def _named(origin: str, hook_name: str, hook: Callable[..., Any], settings: dict[str, Any], kind: type[T],
+           expected: str) -> dict[str, T]:
+    """The ``name -> kind`` dict a hook returns; PluginError naming the plugin, the hook and the bad entry."""
     try:
         result = hook(settings)
     except Exception as e:
-        raise PluginError(f"plugin {origin!r}: {HOOK}() raised {type(e).__name__}: {e}") from None
+        raise PluginError(f"plugin {origin!r}: {hook_name}() raised {type(e).__name__}: {e}") from None
     if not isinstance(result, Mapping):
-        raise PluginError(f"plugin {origin!r}: {HOOK}() returned {type(result).__name__}, expected a dict of "
-                          "name -> ManagedController")
+        raise PluginError(f"plugin {origin!r}: {hook_name}() returned {type(result).__name__}, expected a dict of "
+                          f"name -> {kind.__name__}")
     for name, value in result.items():
-        if not isinstance(name, str) or not isinstance(value, ManagedController):
-            raise PluginError(f"plugin {origin!r}: {HOOK}() entry {name!r} is {type(value).__name__}, "
-                              "expected a ManagedController")
-        _check_controller(origin, name, value)
+        if not isinstance(name, str) or not isinstance(value, kind):
+            raise PluginError(f"plugin {origin!r}: {hook_name}() entry {name!r} is {type(value).__name__}, "
+                              f"expected {expected}")
     return dict(result)
+
+
+def _controllers(origin: str, hook: Callable[..., Any], settings: dict[str, Any]) -> dict[str, ManagedController]:
+    found = _named(origin, HOOK, hook, settings, ManagedController, "a ManagedController")
+    for name, value in found.items():
+        _check_controller(origin, name, value)
+    return found
+
+
+def _fleet(origin: str, hook: Callable[..., Any], settings: dict[str, Any]) -> dict[str, FleetController]:
+    found = _named(origin, FLEET_HOOK, hook, settings, FleetController,
+                   "a FleetController (from controllers.fleet import FleetController)")
+    for name, value in found.items():
+        if not isinstance(value.gvr, GVR):
+            raise PluginError(f"plugin {origin!r}: fleet controller {name!r}: gvr {value.gvr!r} is a "
+                              f"{type(value.gvr).__name__}, not a GVR (from informers import GVR)")
+        if not callable(value.create):
+            raise PluginError(f"plugin {origin!r}: fleet controller {name!r}: create is not a function")
+    return found
 
 
 def _check_controller(origin: str, name: str, controller: ManagedController) -> None:
@@ -150,7 +180,7 @@ def _extensions(origin: str, hook_name: str, hook: Callable[..., Any], settings:
 
 def _hooks(target: Any) -> dict[str, Callable[..., Any]]:
     """The hooks a plugin module defines, by name."""
-    return {name: hook for name in (HOOK, *EXTENSION_HOOKS) if callable(hook := getattr(target, name, None))}
+    return {name: hook for name in (HOOK, FLEET_HOOK, *EXTENSION_HOOKS) if callable(hook := getattr(target, name, None))}
 
 
 def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, dict[str, Callable[..., Any]]]]:
@@ -222,6 +252,10 @@ def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, A
             for name, controller in _controllers(origin, found[HOOK], dict(own)).items():
                 claim("controller", name, origin)
                 plugins[name] = controller
+        if FLEET_HOOK in found:
+            for name, fleet in _fleet(origin, found[FLEET_HOOK], dict(own)).items():
+                claim("controller", name, origin)
+                plugins.fleet[name] = fleet
         for hook_name, extension in EXTENSION_HOOKS.items():
             if hook_name in found:
                 items = _extensions(origin, hook_name, found[hook_name], dict(own))

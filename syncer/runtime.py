@@ -17,22 +17,32 @@ A leadership term runs in seed 001's order: the plugins' stores recover (each re
 does, see ``runnables.py``), then their runnables and the controllers start; a term that ends first cancels the
 recovery. At the end of a term, controllers and runnables stop together, within the same bound. The admission
 webhook server (``webhook/``) runs on every replica from the start, leader or not, and ``/readyz`` waits for it.
+
+With ``[clusters] enabled`` a term runs, instead of the one ControllerManager, a ``ClusterRegistry`` of the member
+clusters (from kubeconfig Secrets), a ControllerManager per member for the plugins' controllers, and the plugins'
+fleet controllers over all members (``controllers/cluster_registry.py``, ``fleet.py``). They live for the term only:
+standbys watch no member cluster, so a new leader connects to every member before its controllers start there. A
+member that is down shows in ``/status`` but does not fail ``/healthz``: restarting this process would not help it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import asyncio.sslproto
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import tenacity
 from loguru import logger
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers import OPEN, ControllerManager, Fence, ManagedController
+from controllers.cluster import display_name
+from controllers.cluster_controllers import ClusterControllers
+from controllers.cluster_registry import ClusterRegistry, RegistryOptions
+from controllers.fleet import FleetLoop
 from informers import (
     ApiClient, ApiError, CredentialError, DiscoveringDynamicSharedInformerFactory, DiscoveryForbidden, ResourceFilter,
-    Supervisor,
+    Supervisor, TaskHandle,
 )
 from informers.client import CONNECTION_ERRORS
 from informers.wait import wait_first
@@ -90,6 +100,13 @@ class Syncer:
         self.runnables = Runnables(plugins.runnables)
         self.webhooks = (WebhookService(settings.webhooks, plugins.webhooks, client, self.identity, self.supervisor)
                          if plugins.webhooks else None)
+        self.fleet = plugins.fleet
+        self.registry: ClusterRegistry | None = None
+        self.cluster_controllers: ClusterControllers | None = None
+        self.fleet_loops: list[FleetLoop] = []
+        if self.fleet and not settings.clusters.enabled:
+            logger.warning("fleet controller(s) {} run only in multi-cluster mode; set [clusters] enabled = true",
+                           ", ".join(sorted(self.fleet)))
         self.http = StatusServer(settings.http_bind, self.status, self.health, self._not_ready)
         self._stuck: list[str] = []
         self._log = logger.bind(identity=self.identity)
@@ -98,7 +115,7 @@ class Syncer:
     @property
     def leading(self) -> bool:
         """Whether this replica runs controllers now."""
-        return self.manager is not None
+        return self.manager is not None or self.registry is not None
 
     def status(self) -> dict[str, Any]:
         """The ``/status`` document."""
@@ -110,13 +127,29 @@ class Syncer:
             "leader_election": self.settings.leader_election.enabled,
             "lease_holder": self.elector.observed_holder if self.elector else None,
             "gvrs": [s.as_dict() for s in self.factory.status()] if self.factory else [],
-            "controllers": ([s.as_dict() for s in manager.status().values()] if manager else
-                            [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.controllers]),
+            "controllers": self._controllers_status(),
+            "clusters": self._clusters_status(),
             "tasks": [h.as_dict() for h in self.supervisor.health()],
             "stores": self.stores.status(),
             "runnables": self.runnables.status(),
             "webhooks": self.webhooks.status() if self.webhooks else None,
         }
+
+    def _controllers_status(self) -> list[dict[str, Any]]:
+        if self.manager is not None:
+            return [s.as_dict() for s in self.manager.status().values()]
+        if self.cluster_controllers is not None:  # one row per controller per cluster
+            return [{**c, "name": f"{c['name']} (cluster {display_name(cluster)})"}
+                    for cluster, rows in self.cluster_controllers.status().items() for c in rows]
+        return [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.controllers]
+
+    def _clusters_status(self) -> dict[str, Any] | None:
+        """Multi-cluster mode: the members with their conditions, conflicts and the fleet controllers."""
+        if not self.settings.clusters.enabled:
+            return None
+        doc = self.registry.status() if self.registry is not None else {"clusters": [], "conflicts": []}
+        doc["fleet_controllers"] = [loop.status() for loop in self.fleet_loops]
+        return doc
 
     def _not_ready(self) -> str | None:
         """Why ``/readyz`` fails, or None once discovery has run and the webhooks (if any) are being called."""
@@ -134,6 +167,8 @@ class Syncer:
                  for h in self.supervisor.problems()]
         if self.manager is not None:
             items += self.manager.health()
+        if self.cluster_controllers is not None:
+            items += self.cluster_controllers.health()
         items += self.stores.health() + self.runnables.health() + (self.webhooks.health() if self.webhooks else [])
         return all(i["healthy"] for i in items), items
 
@@ -204,7 +239,7 @@ class Syncer:
         self.factory = DiscoveringDynamicSharedInformerFactory(
             self.client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
             namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            check_permissions=s.check_permissions, supervisor=self.supervisor)
+            check_permissions=s.check_permissions, supervisor=self.supervisor, watch=s.watch)
         try:
             await self.factory.start()
         except DiscoveryForbidden as e:
@@ -255,15 +290,53 @@ class Syncer:
         assert self.factory is not None
         await self.stores.recover()
         self.runnables.start()
-        manager = ControllerManager(
-            self.identity, self.factory, self.controllers, client=self.client, workers=self.settings.workers,
-            resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(), fence=fence,
-            start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
-        await manager.start()
-        self.manager = manager
+        if self.settings.clusters.enabled:
+            await self._lead_fleet(fence)
+        else:
+            manager = ControllerManager(
+                self.identity, self.factory, self.controllers, client=self.client, workers=self.settings.workers,
+                resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(), fence=fence,
+                start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
+            await manager.start()
+            self.manager = manager
         _LEADER.set(1)
         _LEADERSHIPS.inc()
         await asyncio.Future()  # never done: the term's end cancels it
+
+    async def _lead_fleet(self, fence: Fence) -> None:
+        """Multi-cluster mode: the cluster registry, the per-cluster controllers and the fleet controllers, for
+        this term (a standby watches no member cluster)."""
+        assert self.factory is not None
+        c = self.settings.clusters
+        required = {g for spec in self.controllers.values() for g in spec.required_gvrs}
+        required |= {spec.gvr for spec in self.fleet.values()}
+        registry = self.registry = ClusterRegistry(
+            self.client, RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
+                                         secret_types=c.secret_types, include_local=c.include_local,
+                                         allowed_exec_commands=c.allowed_exec_commands, sync_timeout=c.sync_timeout),
+            required=required, make_factory=self._member_factory, local_factory=self.factory, fence=fence,
+            supervisor=self.supervisor)
+        self.cluster_controllers = ClusterControllers(
+            self.controllers, name=self.identity, fence=fence, workers=self.settings.workers,
+            resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(),
+            start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
+        await registry.register_cluster_handler(self.cluster_controllers)
+        self.fleet_loops = [FleetLoop(name, spec, registry.clients, management=self.client, fence=fence)
+                            for name, spec in sorted(self.fleet.items())]
+        for loop in self.fleet_loops:
+            await registry.register_cluster_handler(loop)
+            self.supervisor.spawn(f"fleet controller {loop.name}", _runner(loop))
+        await registry.start()
+
+    def _member_factory(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
+        s = self.settings
+        # A private metrics registry per member: informer series carry no cluster label, and two clusters'
+        # informers of one GVR would overwrite (and on stopping, remove) each other's.
+        return DiscoveringDynamicSharedInformerFactory(
+            client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
+            namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
+            check_permissions=s.check_permissions, watch=s.clusters.watch, name=f"discovery {display_name(name)}",
+            metrics_registry=CollectorRegistry())
 
     async def _end_term(self) -> list[str]:
         """Stop the term's controllers and runnables together; the names of those still running."""
@@ -271,8 +344,25 @@ class Syncer:
         self.stores.standby()
         async with asyncio.TaskGroup() as group:
             controllers = group.create_task(manager.stop()) if manager is not None else None
+            fleet = group.create_task(self._end_fleet())
             runnables = group.create_task(self.runnables.stop(self._stop_timeout()))
-        return (controllers.result() if controllers else []) + [f"runnable {n}" for n in runnables.result()]
+        return ((controllers.result() if controllers else []) + fleet.result() +
+                [f"runnable {n}" for n in runnables.result()])
+
+    async def _end_fleet(self) -> list[str]:
+        """Stop the fleet controllers and every cluster's controllers, then the registry; the stuck names."""
+        loops, self.fleet_loops = self.fleet_loops, []
+        registry, self.registry = self.registry, None
+        per_cluster, self.cluster_controllers = self.cluster_controllers, None
+        stuck: list[str] = []
+        if per_cluster is not None:
+            await asyncio.gather(*(self.supervisor.cancel(f"fleet controller {loop.name}") for loop in loops))
+            stuck = await per_cluster.stop()
+        if registry is not None and not stuck:
+            await registry.stop()
+            if per_cluster is not None:  # what the members' cleanups stopped meanwhile, and did not stop
+                stuck = await per_cluster.stop()
+        return stuck
 
     async def _shutdown(self) -> None:
         self._stuck += await self._end_term()
@@ -284,6 +374,12 @@ class Syncer:
             await self.factory.shutdown()
         await self.client.close()
         self._log.info("stopped")
+
+
+def _runner(loop: FleetLoop) -> Callable[[TaskHandle], Awaitable[None]]:
+    async def run(_: TaskHandle) -> None:
+        await loop.run()
+    return run
 
 
 def _refused(host: str, e: ApiError) -> str:

@@ -21,7 +21,10 @@ from typing import Any, Callable, Literal, Mapping
 
 from dynaconf import Dynaconf
 
+from controllers.cluster_registry import DEFAULT_LABEL_SELECTORS, DEFAULT_SECRET_TYPES
+from informers.discovering_factory import WatchMode
 from informers.resource_filter import Rule
+from informers.selector import LabelSelector, SelectorError
 
 ENV_PREFIX = "SYNCER"
 # The CLI's default for --settings; it names the file, it is not a setting.
@@ -88,6 +91,33 @@ class Webhooks:
 
 
 @dataclass(frozen=True)
+class Clusters:
+    """Multi-cluster mode, table ``[clusters]``: member clusters come from kubeconfig Secrets on the cluster the
+    sidecar connects to (the management cluster), and the plugins' controllers run in each of them.
+
+    - ``enabled``: on (off: the plugins' controllers run in the one cluster the sidecar connects to).
+    - ``namespaces``: where the Secrets are (DNS-1123 labels; ``[]``: all namespaces).
+    - ``label_selectors``: each selects Secrets by label; ``secret_types``: each selects Secrets by type.
+    - ``include_local``: the management cluster is a member too, named ``""``.
+    - ``allowed_exec_commands``: exec credential plugins a kubeconfig may run (exact command names); none by
+      default, because a kubeconfig from a Secret is untrusted input.
+    - ``sync_timeout``: how long a member may take to connect, discover and sync before its controllers start
+      anyway (connect and discovery failures are retried with backoff).
+    - ``watch``: which served GVRs get informers in member clusters: ``"required"`` (those some controller
+      requires) or ``"all"`` (as the top-level ``watch``).
+    """
+
+    enabled: bool = False
+    namespaces: tuple[str, ...] = ()
+    label_selectors: tuple[str, ...] = DEFAULT_LABEL_SELECTORS
+    secret_types: tuple[str, ...] = DEFAULT_SECRET_TYPES
+    include_local: bool = False
+    allowed_exec_commands: tuple[str, ...] = ()
+    sync_timeout: float = 30.0
+    watch: WatchMode = "required"
+
+
+@dataclass(frozen=True)
 class Settings:
     """The validated, typed settings of a syncer process. Durations are seconds, written ``15s``, ``500ms``,
     ``2m``, ``1h`` or as a number of seconds, and must be > 0 unless said otherwise.
@@ -107,7 +137,11 @@ class Settings:
     - ``log_level`` (any case of ``LOG_LEVELS``), ``log_format`` (``text`` or ``json``).
     - ``shutdown_timeout``: the bound on a graceful stop; ``start_timeout``: the bound on starting the
       controllers after becoming leader.
-    - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``. ``source``: the settings
+    - ``uvloop``: run ``syncer run`` on uvloop when it is installed (off: the standard asyncio loop).
+    - ``watch``: which served (and filtered) GVRs get informers: ``"all"``, or ``"required"``: only those some
+      controller requires (fewer watches; ``syncer status`` shows the others as idle).
+    - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``; ``clusters``: see
+      ``Clusters``. ``source``: the settings
       file read (not a setting).
     """
 
@@ -129,8 +163,11 @@ class Settings:
     log_format: str = "text"
     shutdown_timeout: float = 20.0
     start_timeout: float = 60.0
+    uvloop: bool = True
+    watch: WatchMode = "all"
     leader_election: LeaderElection = field(default_factory=LeaderElection)
     webhooks: Webhooks = field(default_factory=Webhooks)
+    clusters: Clusters = field(default_factory=Clusters)
     plugin_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""
 
@@ -139,7 +176,7 @@ class Settings:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (LeaderElection, Webhooks)):
+            if isinstance(value, (LeaderElection, Webhooks, Clusters)):
                 value = {g.name: getattr(value, g.name) for g in fields(value)}
             out[f.name] = _mask(f.name, value)
         return out
@@ -213,14 +250,20 @@ def _strings(what: str) -> Callable[[Any, Mapping[str, Any]], tuple[str, ...]]:
     return check
 
 
-def _resource_rules(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
-    rules = _strings("resource rules")(value, done)
-    for rule in rules:
-        try:
-            Rule.parse(rule)
-        except ValueError as e:
-            raise _Invalid("a list of resource rules", str(e)) from None
-    return rules
+def _parsed_strings(what: str, parse: Callable[[str], object], error: type[Exception]) -> _Check:
+    """A list of strings that ``parse`` accepts; a rejected one is reported with ``parse``'s own message."""
+    def check(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
+        items = _strings(what)(value, done)
+        for item in items:
+            try:
+                parse(item)
+            except error as e:
+                raise _Invalid(f"a list of {what}", str(e)) from None
+        return items
+    return check
+
+
+_resource_rules = _parsed_strings("resource rules", Rule.parse, ValueError)
 
 
 def _entry_point_plugins(value: Any, done: Mapping[str, Any]) -> bool | tuple[str, ...]:
@@ -331,6 +374,19 @@ def _https_url(value: Any, done: Mapping[str, Any]) -> str:
     return str(value)
 
 
+def _dns_labels(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
+    expect = "a list of namespace names (DNS-1123 labels), or [] for all namespaces"
+    if not isinstance(value, (list, tuple)):
+        raise _Invalid(expect)
+    label = _dns_name("label")
+    for v in value:
+        try:
+            label(v, done)
+        except _Invalid:
+            raise _Invalid(expect, f"{v!r} is not a DNS-1123 label") from None
+    return tuple(value)
+
+
 def _plugin_tables(value: Any, done: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     expect = "a table of per-plugin tables ([plugin_settings.<plugin name>])"
     if not isinstance(value, dict):
@@ -362,6 +418,8 @@ _CHECKS: dict[str, _Check] = {
     "log_format": _choice(("text", "json")),
     "shutdown_timeout": _duration(),
     "start_timeout": _duration(),
+    "uvloop": _boolean,
+    "watch": _choice(("all", "required")),
     "leader_election.enabled": _boolean,
     "leader_election.lease_name": _dns_name("subdomain"),
     "leader_election.lease_namespace": _dns_name("label"),
@@ -376,9 +434,18 @@ _CHECKS: dict[str, _Check] = {
     "webhooks.configuration_name": _dns_name("subdomain"),
     "webhooks.url": _https_url,
     "webhooks.probe_namespace": _dns_name("label"),
+    "clusters.enabled": _boolean,
+    "clusters.namespaces": _dns_labels,
+    "clusters.label_selectors": _parsed_strings("label selectors, like 'kube-syncer.io/kubeconfig=true'",
+                                                 LabelSelector.parse, SelectorError),
+    "clusters.secret_types": _strings("Secret types"),
+    "clusters.include_local": _boolean,
+    "clusters.allowed_exec_commands": _strings("commands"),
+    "clusters.sync_timeout": _duration(),
+    "clusters.watch": _choice(("required", "all")),
     "plugin_settings": _plugin_tables,
 }
-_TABLES = ("leader_election", "webhooks")  # settings that are tables of settings (checked key by key above)
+_TABLES = ("leader_election", "webhooks", "clusters")  # settings that are tables of settings (checked key by key above)
 
 
 def _env_var(name: str) -> str:
@@ -418,7 +485,8 @@ def load_settings(path: str | None = None, overrides: Mapping[str, Any] | None =
                 from None
     return Settings(**{n: v for n, v in checked.items() if "." not in n},
                     leader_election=LeaderElection(**_table(checked, "leader_election")),
-                    webhooks=Webhooks(**_table(checked, "webhooks")), source=path or "")
+                    webhooks=Webhooks(**_table(checked, "webhooks")), clusters=Clusters(**_table(checked, "clusters")),
+                    source=path or "")
 
 
 def _table(checked: Mapping[str, Any], table: str) -> dict[str, Any]:
