@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import importlib.metadata
 import json
 import os
@@ -18,13 +19,14 @@ import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import aiohttp
 import kubernetes
 from kubernetes.config.config_exception import ConfigException
 from loguru import logger
 
+from controllers.cluster import display_name
 from informers import ApiClient, ApiError, CredentialError, DiscoveryClient, ResourceFilter
 
 from .logs import setup_logging
@@ -36,6 +38,8 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 # The example plugin whose CRD the `run --local` hint suggests installing.
 _WIDGET_EXAMPLE = "examples.plugins.widget_status"
+# Where `run --local --clusters N` puts the kubeconfig Secrets of its workload planes.
+LOCAL_CLUSTERS_NAMESPACE = "kube-syncer-clusters"
 
 
 class UsageError(Exception):
@@ -95,27 +99,131 @@ def _plugins(settings: Settings) -> dict[str, Any]:
         raise UsageError(str(e)) from None
 
 
+def event_loop(settings: Settings) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """The loop factory for ``syncer run`` (None: asyncio's default) and a note on which loop that is and why.
+
+    Only the sidecar picks its loop: it owns the process, whereas library users run the informers on theirs.
+    """
+    if not settings.uvloop:
+        return None, "asyncio (setting 'uvloop' is false)"
+    try:
+        import uvloop
+    except ImportError as e:  # an optional speed-up: its absence must not stop the sidecar
+        return None, f"asyncio, not uvloop: it cannot be imported ({e}); install uvloop, or set uvloop = false"
+    return uvloop.new_event_loop, f"uvloop {importlib.metadata.version('uvloop')}"
+
+
 # -- commands --------------------------------------------------------------------------------------------
+def _cluster_count(args: argparse.Namespace) -> int:
+    """The number of workload planes ``run --local --clusters N`` asks for (0 without the option)."""
+    if args.clusters is None:
+        return 0
+    if not args.local:
+        raise UsageError("--clusters starts local workload control planes: it needs --local (against real clusters, "
+                         "set [clusters] enabled = true and create the kubeconfig Secrets)")
+    if not (args.clusters.isascii() and args.clusters.isdigit()):
+        raise UsageError(f"--clusters must be a whole number of workload clusters (0 or more), got {args.clusters!r}")
+    return int(args.clusters)
+
+
+def _start_local_planes(count: int) -> list[Any]:
+    """The management control plane and ``count`` workload planes (``workload-<i>``), all started or none.
+
+    The workload planes start on threads beside the management one, so N planes take about as long as one; the
+    management plane starts on this thread, so that Ctrl-C interrupts at once as before (the planes still starting
+    then die with the process, as every local plane does).
+    """
+    from .testing import AssetsError, ControlPlane, ControlPlaneError  # test tooling: only when asked for
+
+    planes: list[Any] = [None] * (count + 1)
+    errors: list[Exception] = []
+
+    def start(i: int) -> None:
+        try:
+            planes[i] = ControlPlane(name=f"workload-{i}").start()
+        except (AssetsError, ControlPlaneError) as e:
+            errors.append(type(e)(f"workload plane workload-{i}: {e}"))
+
+    threads = [threading.Thread(target=start, args=(i,), name=f"start workload-{i}", daemon=True)
+               for i in range(1, count + 1)]
+    for t in threads:
+        t.start()
+    try:
+        planes[0] = ControlPlane().start()
+    except (AssetsError, ControlPlaneError) as e:
+        errors.insert(0, e)
+    for t in threads:
+        t.join()
+    if errors:
+        _stop_planes([p for p in planes if p is not None])
+        raise errors[0]
+    return planes
+
+
+def _stop_planes(planes: Sequence[Any]) -> None:
+    """Stop the control planes side by side (each takes a second or two)."""
+    threads = [threading.Thread(target=cp.stop, daemon=True) for cp in planes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _register_members(management: Any, workloads: Sequence[Any]) -> None:
+    """Make each workload plane a member: a kubeconfig Secret ``cluster-<i>`` on the management plane."""
+    k = kubernetes.client
+    with kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+            str(management.kubeconfig), context="admin") as api:
+        core = k.CoreV1Api(api)
+        core.create_namespace(k.V1Namespace(metadata=k.V1ObjectMeta(name=LOCAL_CLUSTERS_NAMESPACE)))
+        for i, cp in enumerate(workloads, 1):
+            core.create_namespaced_secret(LOCAL_CLUSTERS_NAMESPACE, k.V1Secret(
+                metadata=k.V1ObjectMeta(name=f"cluster-{i}", labels={"kube-syncer.io/kubeconfig": "true"}),
+                data={"kubeconfig": base64.b64encode(cp.kubeconfig.read_bytes()).decode()}))
+
+
+def _use_local_planes(settings: Settings, planes: Sequence[Any]) -> Settings:
+    """The settings for running against local planes: the first is the management plane, the others become
+    members. Prints how to reach each plane."""
+    cp, workloads = planes[0], planes[1:]
+    settings = replace(settings, kubeconfig=str(cp.kubeconfig), context="admin", in_cluster=False)
+    example = "apply -f examples/crds/widget.json" if _WIDGET_EXAMPLE in settings.plugins else "api-resources"
+    print(f"local control plane at {cp.url}; kubeconfig: {cp.kubeconfig}\n"
+          f"  try: {cp.assets.kubectl} --kubeconfig {cp.kubeconfig} {example}", flush=True)
+    if not workloads:
+        return settings
+    _register_members(cp, workloads)
+    for i, w in enumerate(workloads, 1):
+        print(f"workload control plane {w.name} at {w.url}; kubeconfig: {w.kubeconfig}; member cluster-{i} "
+              f"(Secret {LOCAL_CLUSTERS_NAMESPACE}/cluster-{i})\n"
+              f"  try: {w.assets.kubectl} --kubeconfig {w.kubeconfig} get configmaps -A", flush=True)
+    return replace(settings, clusters=replace(settings.clusters, enabled=True, namespaces=(LOCAL_CLUSTERS_NAMESPACE,)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .runtime import ControllersStuck, StartupError, Syncer
 
+    count = _cluster_count(args)
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
     controllers = _plugins(settings)
-    cp = None
+    planes: list[Any] = []
     if args.local:
-        from .testing import AssetsError, ControlPlane, ControlPlaneError  # test tooling: only when asked for
+        from .testing import AssetsError, ControlPlaneError  # test tooling: only when asked for
 
         try:
-            cp = ControlPlane().start()
+            planes = _start_local_planes(count)
         except (AssetsError, ControlPlaneError) as e:
             print(f"error: local control plane: {e}", file=sys.stderr)
             return 1
-        settings = replace(settings, kubeconfig=str(cp.kubeconfig), context="admin", in_cluster=False)
-        example = "apply -f examples/crds/widget.json" if _WIDGET_EXAMPLE in settings.plugins else "api-resources"
-        print(f"local control plane at {cp.url}; kubeconfig: {cp.kubeconfig}\n"
-              f"  try: {cp.assets.kubectl} --kubeconfig {cp.kubeconfig} {example}", flush=True)
     try:
+        if planes:
+            try:
+                settings = _use_local_planes(settings, planes)
+            except kubernetes.client.ApiException as e:  # a fresh plane refusing this is our bug, not the user's
+                print(f"error: registering the workload planes on the local control plane: {e.status} {e.reason}",
+                      file=sys.stderr)
+                return 1
         client = _client(settings)
 
         async def main() -> None:
@@ -130,13 +238,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"error: {e}", file=sys.stderr, flush=True)
                 os._exit(1)
 
+        loop_factory, which = event_loop(settings)
+        logger.info("event loop: {}", which)
         try:
-            asyncio.run(main())
+            with asyncio.Runner(loop_factory=loop_factory) as runner:
+                runner.run(main())
         except StartupError as e:
             raise UsageError(str(e)) from None
     finally:
-        if cp is not None:
-            cp.stop()
+        _stop_planes(planes)
     return 0
 
 
@@ -210,6 +320,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         gvrs = [(g["gvr"], g["state"], g["source"], g["reason"]) for g in doc["gvrs"] if g["state"] != "excluded"]
         troubled = [(t["name"], t["state"] + (" (wedged)" if t.get("wedged") else ""), str(t["restarts"]),
                      t["last_error"]) for t in doc.get("tasks", []) if t["last_error"] or not t["healthy"]]
+        fleet = _fleet_tables(doc["clusters"]) if doc.get("clusters") is not None else []
     except (urllib.error.URLError, OSError) as e:
         print(f"error: no syncer answering at {url}: {e}", file=sys.stderr)
         return 1
@@ -220,10 +331,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     _table([("CONTROLLER", "STATE", "RESTARTS", "ERRORS", "WAITING FOR", "LAST ERROR"), *controllers])
     print()
     _table([("GVR", "STATE", "SOURCE", "REASON"), *gvrs])
+    for rows in fleet:
+        print()
+        _table(rows)
     if troubled:
         print()
         _table([("BACKGROUND TASK", "STATE", "RESTARTS", "LAST ERROR"), *troubled])
     return 0
+
+
+def _fleet_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
+    """The multi-cluster part of ``syncer status``: the members, then the conflicts and the fleet controllers
+    (those two only when there are any)."""
+    tables: list[list[tuple[str, ...]]] = [[("CLUSTER", "STATE", "READY", "SOURCE", "PROBLEM")] + [
+        (c["display_name"], c["state"], "yes" if c["ready"] else "no", c["source"], _problem(c))
+        for c in doc["clusters"]]]
+    if doc["conflicts"]:
+        tables.append([("CONFLICTING SECRET", "IGNORED BECAUSE")] + [(c["secret"], c["message"])
+                                                                     for c in doc["conflicts"]])
+    if doc.get("fleet_controllers"):
+        tables.append([("FLEET CONTROLLER", "GVR", "CLUSTERS", "RECONCILES", "ERRORS", "LAST ERROR")] + [
+            (f["name"], f["gvr"], ",".join(display_name(n) for n in f["clusters"]) or "-", str(f["reconciles"]),
+             str(f["reconcile_errors"]), f.get("last_reconcile_error") or "") for f in doc["fleet_controllers"]])
+    return tables
+
+
+def _problem(cluster: dict[str, Any]) -> str:
+    """What keeps a member from being ready: its first false condition, as ``Type: message``."""
+    for c in cluster["conditions"]:
+        if c["status"] == "False":
+            return f"{c['type']}: {c['message'] or c['reason']}"
+    return ""
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
@@ -282,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     run = with_settings(sub.add_parser("run", help="run the sidecar"))
     run.add_argument("--local", action="store_true", help="start a local control plane and run against it")
     run.add_argument("--identity", help="leader-election identity (default: hostname_uuid)")
+    run.add_argument("--clusters", metavar="N",
+                     help="with --local: also start N workload control planes and run in multi-cluster mode, each "
+                          f"a member through a kubeconfig Secret in namespace {LOCAL_CLUSTERS_NAMESPACE}")
     run.set_defaults(func=cmd_run)
     check = with_settings(sub.add_parser("check-config", help="check settings, plugins and credentials without "
                                          "connecting; print the effective settings"))

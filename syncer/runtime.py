@@ -217,7 +217,7 @@ class Syncer:
     async def _connect(self) -> None:
         async for attempt in tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(_CONNECT_ERRORS),
-            wait=tenacity.wait_exponential_jitter(initial=0.5, max=30),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=30),
             before_sleep=lambda rs: self._log.warning(
                 "API server {} not reachable (attempt {}: {}); retrying in {:.1f}s", self.client.host,
                 rs.attempt_number, _reason(rs.outcome.exception() if rs.outcome else None),
@@ -239,7 +239,8 @@ class Syncer:
         self.factory = DiscoveringDynamicSharedInformerFactory(
             self.client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
             namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            check_permissions=s.check_permissions, supervisor=self.supervisor, watch=s.watch)
+            check_permissions=s.check_permissions, supervisor=self.supervisor,
+            watch=s.clusters.watch if s.clusters.enabled else s.watch)
         try:
             await self.factory.start()
         except DiscoveryForbidden as e:

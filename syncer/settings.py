@@ -103,8 +103,9 @@ class Clusters:
       default, because a kubeconfig from a Secret is untrusted input.
     - ``sync_timeout``: how long a member may take to connect, discover and sync before its controllers start
       anyway (connect and discovery failures are retried with backoff).
-    - ``watch``: which served GVRs get informers in member clusters: ``"required"`` (those some controller
-      requires) or ``"all"`` (as the top-level ``watch``).
+    - ``watch``: which served GVRs get informers in member clusters, the management cluster included (it runs
+      nothing of its own in this mode): ``"required"`` (those some controller requires) or ``"all"``; the
+      top-level ``watch`` applies only without ``[clusters]``.
     """
 
     enabled: bool = False

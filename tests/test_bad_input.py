@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from syncer.settings import LeaderElection, Settings, SettingsError, Webhooks, load_settings
+from syncer.settings import Clusters, LeaderElection, Settings, SettingsError, Webhooks, load_settings
 from syncer.testing import ControlPlane
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,15 +226,53 @@ CASES: dict[str, Case] = {
         'plugin_settings = "x"',
         "setting 'plugin_settings' must be a table of per-plugin tables ([plugin_settings.<plugin name>]), got "
         "'x'; set it in the settings file or in SYNCER_PLUGIN_SETTINGS"),
+    # multi-cluster mode ([clusters]) and what gets informers (watch)
+    "clusters-namespace": Case(
+        '[clusters]\nnamespaces = ["Bad_NS"]',
+        "setting 'clusters.namespaces' must be a list of namespace names (DNS-1123 labels), or [] for all "
+        "namespaces, got ['Bad_NS'] ('Bad_NS' is not a DNS-1123 label); set it in the settings file or in "
+        "SYNCER_CLUSTERS__NAMESPACES"),
+    "clusters-label-selector": Case(
+        '[clusters]\nlabel_selectors = ["env in (prod"]',
+        "setting 'clusters.label_selectors' must be a list of label selectors, like "
+        "'kube-syncer.io/kubeconfig=true', got ['env in (prod'] (invalid label selector 'env in (prod': expected "
+        "',' or ')' in a value set, got 'end of input'); set it in the settings file or in "
+        "SYNCER_CLUSTERS__LABEL_SELECTORS"),
+    "clusters-secret-types-not-a-list": Case(
+        '[clusters]\nsecret_types = "solo.io/kubeconfig"',
+        "setting 'clusters.secret_types' must be a list of Secret types, got 'solo.io/kubeconfig'; set it in the "
+        "settings file or in SYNCER_CLUSTERS__SECRET_TYPES"),
+    "clusters-watch": Case(
+        '[clusters]\nwatch = "some"',
+        "setting 'clusters.watch' must be one of required, all (any case), got 'some'; set it in the settings "
+        "file or in SYNCER_CLUSTERS__WATCH"),
+    "clusters-watch-env": Case(
+        "", "setting 'clusters.watch' must be one of required, all (any case), got 'everything'; fix environment "
+        "variable SYNCER_CLUSTERS__WATCH (it overrides the settings file)",
+        env={"SYNCER_CLUSTERS__WATCH": "everything"}),
+    "watch": Case(
+        'watch = "everything"',
+        "setting 'watch' must be one of all, required (any case), got 'everything'; set it in the settings file or "
+        "in SYNCER_WATCH"),
+    "clusters-type": Case(
+        "clusters = true",
+        "setting 'clusters' must be a table [clusters] of settings, got True; set it in the settings file or in "
+        "SYNCER_CLUSTERS"),
+    "clusters-unknown": Case(
+        "[clusters]\nenable = true",
+        "unknown setting 'clusters.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); known settings "
+        "in [clusters] are allowed_exec_commands, enabled, include_local, label_selectors, namespaces, "
+        "secret_types, sync_timeout, watch"),
     # the file itself, unknown names, environment variables, options
     "broken-toml": Case(
         "workers = [\n", "settings file '@SETTINGS@' is not valid TOML: Invalid value (at end of document)"),
     "unknown": Case(
         "wokers = 2",
         "unknown setting 'wokers' in settings file '@SETTINGS@' (did you mean 'workers'?); known settings are "
-        "check_permissions, context, entry_point_plugins, exclude, http_bind, in_cluster, include, kubeconfig, "
-        "leader_election, log_format, log_level, namespace, plugin_settings, plugins, preferred_version_only, "
-        "rediscovery_interval, resync, shutdown_timeout, start_timeout, webhooks, workers"),
+        "check_permissions, clusters, context, entry_point_plugins, exclude, http_bind, in_cluster, include, "
+        "kubeconfig, leader_election, log_format, log_level, namespace, plugin_settings, plugins, "
+        "preferred_version_only, rediscovery_interval, resync, shutdown_timeout, start_timeout, uvloop, watch, "
+        "webhooks, workers"),
     "unknown-nested": Case(
         "[leader_election]\nenable = true",
         "unknown setting 'leader_election.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); "
@@ -313,7 +351,7 @@ def test_every_setting_is_type_checked_and_documented(tmp_path: Path, monkeypatc
     """A wrong type for any setting (here: a table) is rejected naming the setting; each one is documented."""
     for name in [k for k in os.environ if k.startswith("SYNCER_")]:
         monkeypatch.delenv(name)
-    tables = {"leader_election": LeaderElection, "webhooks": Webhooks}
+    tables = {"leader_election": LeaderElection, "webhooks": Webhooks, "clusters": Clusters}
     names = [f.name for f in fields(Settings) if f.name not in ("source", *tables)]
     names += [f"{t}.{f.name}" for t, cls in tables.items() for f in fields(cls)]
     for name in names:
@@ -322,6 +360,24 @@ def test_every_setting_is_type_checked_and_documented(tmp_path: Path, monkeypatc
         with pytest.raises(SettingsError, match=rf"^setting '{name}' must be .*, got \{{"):
             load_settings(str(tmp_path / "s.toml"))
         assert f"``{key}``" in ((tables[table] if table else Settings).__doc__ or ""), name
+
+
+def test_clusters_option_needs_local_and_a_count(tmp_path: Path, closed_kubeconfig: Path) -> None:
+    """`run --clusters N` is checked before anything starts: no control plane (there are no binaries here)."""
+    (tmp_path / "s.toml").write_text(f'kubeconfig = "{closed_kubeconfig}"\n')
+    runs = {
+        ("--clusters", "2"): "error: --clusters starts local workload control planes: it needs --local (against "
+                             "real clusters, set [clusters] enabled = true and create the kubeconfig Secrets)",
+        ("--local", "--clusters", "two"): "error: --clusters must be a whole number of workload clusters (0 or "
+                                          "more), got 'two'",
+        ("--local", "--clusters=-1"): "error: --clusters must be a whole number of workload clusters (0 or more), "
+                                      "got '-1'",
+    }
+    procs = {args: syncer("run", "--settings", str(tmp_path / "s.toml"), *args,
+                          env={"KUBE_SYNCER_ASSETS": "/nowhere"}) for args in runs}
+    for args, proc in procs.items():
+        code, _, err = finish(proc)
+        assert (code, err.splitlines()) == (2, [runs[args]]), (args, err)
 
 
 def test_settings_env_var_names_the_file_and_env_overrides_work(closed_kubeconfig: Path) -> None:
