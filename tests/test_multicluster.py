@@ -178,9 +178,13 @@ async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: s
     recorder = Recorder()
     registry = ClusterRegistry(api, options(fleet_ns), required=[CONFIGMAPS])
     per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
+    fleet = FleetRecorder()
+    loop = FleetLoop("cm-fleet", fleet.spec(CONFIGMAPS), registry.clients, management=api)
     await registry.register_cluster_handler(per_cluster)
     await registry.register_cluster_handler(recorder)
+    await registry.register_cluster_handler(loop)
     tasks_before = {t for t in asyncio.all_tasks()}
+    runner = asyncio.create_task(loop.run())
     await registry.start()
     try:
         await put_secret(api, fleet_ns, "alpha", kubeconfig(a, tokens[0]))
@@ -188,6 +192,7 @@ async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: s
         assert registry.list_clusters() == ["alpha"]
         assert member(registry, "alpha")["ready"]
         first = registry.cluster("alpha")
+        await eventually(lambda: loop.union.clusters() == ["alpha"], 10, "alpha to join the fleet union")
 
         # Identical kubeconfig (a label change, say): nothing restarts.
         await put_secret(api, fleet_ns, "alpha", kubeconfig(a, tokens[0]), annotations={"touched": "yes"})
@@ -199,6 +204,9 @@ async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: s
         await eventually(lambda: registry.cluster("alpha") is not first and starts.starts == 2, 30, "the rotation")
         assert len(starts.running) == 1 and recorder.removed == []  # a rotation is not a removal
         assert recorder.cleaned == ["alpha"]  # the old connection's context was cancelled
+        assert first.client._session is None  # and its connections closed
+        await eventually(lambda: loop._subs.get("alpha") is registry.cluster("alpha").factory.informers()[0].get(
+            CONFIGMAPS), 10, "the fleet union to follow the new connection")
         with kube_client(a) as k:
             kubernetes.client.CoreV1Api(k).delete_namespaced_service_account("fleet-1", "default")
         await asyncio.sleep(1.0)
@@ -209,9 +217,12 @@ async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: s
         await eventually(lambda: registry.list_clusters() == [] and not starts.running and recorder.removed == ["alpha"],
                          30, "alpha to leave")
         await eventually(lambda: member(registry, "alpha") is None, 10)
+        assert loop.union.clusters() == [] and loop._subs == {}
         with pytest.raises(ClusterNotFound):
             registry.cluster("alpha")
     finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
         await per_cluster.stop()
         await registry.stop()
         logger.remove(sink)
