@@ -62,6 +62,8 @@ _CONNECT_ERRORS = (*CONNECTION_ERRORS, ApiError)
 # informers that buffer is most of their memory (335 KiB per idle informer measured, 91 KiB with 16 KiB buffers;
 # bench/RESULTS-discovery.md). 16 KiB is the largest TLS record, so reads lose nothing that matters. The setting
 # is process-wide, which only the process owner may decide: the sidecar does, the informers library does not.
+# uvloop (the sidecar's default loop) has its own TLS protocol with a fixed buffer this cannot change: a watch
+# that has carried a burst keeps about 240 KiB more there (bench/RESULTS-uvloop.md); `uvloop = false` if that matters.
 TLS_READ_BUFFER = 16 * 1024
 
 
