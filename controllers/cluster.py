@@ -31,6 +31,11 @@ def display_name(cluster: str) -> str:
     return cluster if cluster != LOCAL_CLUSTER else "(local)"
 
 
+def qualified(controller: str, cluster: str) -> str:
+    """A per-cluster controller's name in status rows: ``name (cluster c1)``, or ``name (local cluster)``."""
+    return f"{controller} ({'local cluster' if cluster == LOCAL_CLUSTER else f'cluster {cluster}'})"
+
+
 class ConditionType(enum.StrEnum):
     """A cluster goes through these in order; each is true, false (with the last error) or not known yet."""
 

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from informers import Supervisor
 
-from .cluster import Cluster, ClusterContext, display_name
+from .cluster import Cluster, ClusterContext, display_name, qualified
 from .fence import OPEN, Fence
 from .manager import ControllerManager, ManagedController
 
@@ -56,7 +56,7 @@ class ClusterControllers:
             if old is not None:
                 self._stuck += await old.stop()
             manager = ControllerManager(f"{self.name}/{display_name(name)}", cluster.factory, self.controllers,
-                                        client=cluster.client, **self._options)
+                                        client=cluster.client, cluster=name, **self._options)
             self._managers[name] = manager
             await manager.start()
         ctx.add_cleanup(lambda: self._stop(name, manager))
@@ -65,7 +65,7 @@ class ClusterControllers:
         async with self._lock:
             if self._managers.get(name) is manager:  # a newer connection's manager is left alone
                 del self._managers[name]
-            self._stuck += [f"{n} (cluster {display_name(name)})" for n in await manager.stop()]
+            self._stuck += [qualified(n, name) for n in await manager.stop()]
 
     async def stop(self) -> list[str]:
         """Stop every cluster's manager, and start no more; the names of controllers that did not stop (see
@@ -74,7 +74,7 @@ class ClusterControllers:
             self._closed = True
             managers, self._managers = dict(self._managers), {}
         results = await asyncio.gather(*(m.stop() for m in managers.values()))
-        stuck = self._stuck + [f"{n} (cluster {display_name(name)})" for name, names in zip(managers, results)
+        stuck = self._stuck + [qualified(n, name) for name, names in zip(managers, results)
                                for n in names]
         self._stuck = []
         return stuck
@@ -87,6 +87,6 @@ class ClusterControllers:
         """``{name, healthy, message}`` per controller per cluster; only a stuck one is unhealthy: one failing in
         one member cluster (that cluster unreachable, say) is that cluster's problem, shown in its status, and
         restarting this process would not fix it."""
-        return [{"name": f"{st.name} (cluster {display_name(name)})", "healthy": st.state != "stuck",
+        return [{"name": qualified(st.name, name), "healthy": st.state != "stuck",
                  "message": st.last_error if st.state in ("stuck", "backoff") else st.state}
                 for name, m in sorted(self._managers.items()) for st in m.status().values()]

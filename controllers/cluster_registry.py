@@ -176,8 +176,8 @@ class ClusterRegistry:
     def _secret_informer(self, namespace: str | None, selector: str | None, type: str | None) -> SharedIndexInformer:
         inf = SharedIndexInformer(self.management, SECRETS, namespace=namespace, label_selector=selector,
                                   field_selector=f"type={type}" if type else None, transform=drop_managed_fields)
-        inf.add_event_handler(FuncHandler(lambda obj, _initial: self._enqueue(obj), lambda _old, new: self._enqueue(new),
-                                          self._enqueue), name=self.name)
+        inf.add_event_handler(FuncHandler(lambda obj, _initial: self._enqueue(obj),
+                                          lambda _old, new: self._enqueue(new), self._enqueue), name=self.name)
         return inf
 
     # -- public ------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from informers import GVR, ApiClient, HandlerRegistration, InformerSource, Liste
 from informers.mapper import RESTMapper
 from informers.resource import ResourceClient
 
+from .cluster import display_name
 from .events import EventRecorder
 from .fence import OPEN, Fence, fenced
 from .reconcile import Request
@@ -58,14 +59,17 @@ class ControllerContext:
     ``client`` is the API client (to write objects), ``workers`` and ``resync_period`` the process defaults.
     ``fence`` is the term the controller runs in: workers check it before each item, and ``client`` refuses
     writes (``FenceError``) once it no longer holds. ``reconcile_stats`` is where the controller reports its
-    reconciles; the manager passes one per managed controller, shared by its successive instances. Without a
+    reconciles; the manager passes one per managed controller, shared by its successive instances. ``cluster`` is
+    the member cluster the controller runs in (multi-cluster mode; None otherwise), also bound to ``log``. Without a
     ``source``, only ``informers`` can be looked up (a Controller run without a manager makes such a context).
     """
 
     def __init__(self, name: str, informers: dict[GVR, SharedIndexInformer], source: InformerSource | None = None,
                  client: ApiClient | None = None, workers: int = 1, resync_period: float | None = None,
-                 fence: Fence = OPEN, reconcile_stats: ReconcileStats | None = None) -> None:
+                 fence: Fence = OPEN, reconcile_stats: ReconcileStats | None = None,
+                 cluster: str | None = None) -> None:
         self.name = name
+        self.cluster = cluster
         self.informers = informers
         self.source = source
         self.fence = fence
@@ -73,7 +77,8 @@ class ControllerContext:
         self.workers = workers
         self.resync_period = resync_period
         self.reconcile_stats = reconcile_stats if reconcile_stats is not None else ReconcileStats()
-        self.log = logger.bind(controller=name)
+        self.log = logger.bind(controller=name) if cluster is None else \
+            logger.bind(controller=name, cluster=display_name(cluster))
         self._registrations: list[HandlerRegistration] = []
         self._mapper: RESTMapper | None = None
         self._clients: dict[GVR, ResourceClient] = {}

@@ -267,7 +267,7 @@ class Controller:
                 for i in range(self.workers):
                     tg.create_task(run_worker(
                         queue, lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events)),
-                        fence=ctx.fence, stats=self.stats, metrics=metrics, log=self._log,
+                        fence=ctx.fence, stats=self.stats, metrics=metrics, log=ctx.log.bind(controller=self.name),
                         max_retries=self.max_retries), name=f"{self.name} worker {i}")
         finally:
             queue.shutdown()

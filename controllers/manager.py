@@ -139,7 +139,8 @@ class ControllerManager:
     ``fence`` (the leadership term) is handed to every controller's context; ``start_timeout`` bounds an async
     ``create``; ``stop_timeout`` is how long a cancelled controller may take to end before it is ``stuck``.
     The pass loop runs under ``supervisor`` (a private one if not given): a pass that raises is logged and the
-    loop restarted, and the process's ``/healthz`` can tell.
+    loop restarted, and the process's ``/healthz`` can tell. ``cluster``: the member cluster it serves, if any
+    (handed to every context).
     """
 
     def __init__(
@@ -147,6 +148,7 @@ class ControllerManager:
         stop_timeout: float = 30.0, start_timeout: float = 60.0, backoff: Callable[[], Backoff] | None = None,
         metrics_registry: CollectorRegistry | None = None, client: ApiClient | None = None, workers: int = 1,
         resync_period: float | None = None, fence: Fence = OPEN, supervisor: Supervisor | None = None,
+        cluster: str | None = None,
     ) -> None:
         self.name = CONTROLLER_NAME_PREFIX + suffix
         self.source = informer_source
@@ -156,6 +158,7 @@ class ControllerManager:
         self.stop_timeout = stop_timeout
         self.start_timeout = start_timeout
         self.fence = fence
+        self.cluster = cluster
         make_backoff = backoff or (lambda: Backoff(initial=1.0, cap=60.0, jitter=0.5))
         self._runners = {name: _Runner(name, spec, make_backoff()) for name, spec in controllers.items()}
         self._m = _Metrics.for_registry(metrics_registry)
@@ -289,7 +292,7 @@ class ControllerManager:
     # -- one controller ----------------------------------------------------------------------------------
     def _start(self, r: _Runner, informers: dict[GVR, SharedIndexInformer]) -> None:
         ctx = ControllerContext(r.name, informers, self.source, self.client, self.workers, self.resync_period,
-                                fence=self.fence, reconcile_stats=r.status.reconciles)
+                                fence=self.fence, reconcile_stats=r.status.reconciles, cluster=self.cluster)
         r.ctx = ctx
         r.stopping = False
         r.status.state = "starting"

@@ -40,6 +40,7 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 _WIDGET_EXAMPLE = "examples.plugins.widget_status"
 # Where `run --local --clusters N` puts the kubeconfig Secrets of its workload planes.
 LOCAL_CLUSTERS_NAMESPACE = "kube-syncer-clusters"
+MEMBER_LABEL = "kube-syncer.io/kubeconfig=true"
 
 
 class UsageError(Exception):
@@ -188,16 +189,22 @@ def _use_local_planes(settings: Settings, planes: Sequence[Any]) -> Settings:
     cp, workloads = planes[0], planes[1:]
     settings = replace(settings, kubeconfig=str(cp.kubeconfig), context="admin", in_cluster=False)
     example = "apply -f examples/crds/widget.json" if _WIDGET_EXAMPLE in settings.plugins else "api-resources"
-    print(f"local control plane at {cp.url}; kubeconfig: {cp.kubeconfig}\n"
-          f"  try: {cp.assets.kubectl} --kubeconfig {cp.kubeconfig} {example}", flush=True)
+    # With members, the plugins' controllers run in them (not here, unless include_local): the hint goes there.
+    print(f"local control plane at {cp.url}; kubeconfig: {cp.kubeconfig}" +
+          ("" if workloads else f"\n  try: {cp.assets.kubectl} --kubeconfig {cp.kubeconfig} {example}"), flush=True)
     if not workloads:
         return settings
     _register_members(cp, workloads)
     for i, w in enumerate(workloads, 1):
         print(f"workload control plane {w.name} at {w.url}; kubeconfig: {w.kubeconfig}; member cluster-{i} "
               f"(Secret {LOCAL_CLUSTERS_NAMESPACE}/cluster-{i})\n"
-              f"  try: {w.assets.kubectl} --kubeconfig {w.kubeconfig} get configmaps -A", flush=True)
-    return replace(settings, clusters=replace(settings.clusters, enabled=True, namespaces=(LOCAL_CLUSTERS_NAMESPACE,)))
+              f"  try: {w.assets.kubectl} --kubeconfig {w.kubeconfig} {example}", flush=True)
+    clusters = settings.clusters
+    # The Secrets made here carry our label: a [clusters] section selecting others must still see them.
+    selectors = clusters.label_selectors if MEMBER_LABEL in clusters.label_selectors else \
+        (*clusters.label_selectors, MEMBER_LABEL)
+    return replace(settings, clusters=replace(clusters, enabled=True, namespaces=(LOCAL_CLUSTERS_NAMESPACE,),
+                                              label_selectors=selectors))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -263,7 +270,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 logger.warning("controller {} requires {}, which the settings exclude ({}): it would wait forever; "
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
     print(json.dumps(settings.masked(), indent=2, default=str))
-    print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}")
+    fleet = getattr(controllers, "fleet", {})
+    print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}" +
+          (f"; {len(fleet)} fleet controller(s): {', '.join(sorted(fleet))}" if fleet else ""))
+    if fleet and not settings.clusters.enabled:
+        logger.warning("fleet controller(s) {} run only in multi-cluster mode; set [clusters] enabled = true",
+                       ", ".join(sorted(fleet)))
     print(f"credentials OK: API server {host} (not contacted)" if host else
           "credentials: not checked (--local: a local control plane brings its own)")
     return 0

@@ -180,7 +180,8 @@ def _extensions(origin: str, hook_name: str, hook: Callable[..., Any], settings:
 
 def _hooks(target: Any) -> dict[str, Callable[..., Any]]:
     """The hooks a plugin module defines, by name."""
-    return {name: hook for name in (HOOK, FLEET_HOOK, *EXTENSION_HOOKS) if callable(hook := getattr(target, name, None))}
+    return {name: hook for name in (HOOK, FLEET_HOOK, *EXTENSION_HOOKS)
+            if callable(hook := getattr(target, name, None))}
 
 
 def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, dict[str, Callable[..., Any]]]]:

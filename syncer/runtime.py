@@ -36,7 +36,7 @@ from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controllers import OPEN, ControllerManager, Fence, ManagedController
-from controllers.cluster import display_name
+from controllers.cluster import display_name, qualified
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry, RegistryOptions
 from controllers.fleet import FleetLoop
@@ -141,7 +141,7 @@ class Syncer:
         if self.manager is not None:
             return [s.as_dict() for s in self.manager.status().values()]
         if self.cluster_controllers is not None:  # one row per controller per cluster
-            return [{**c, "name": f"{c['name']} (cluster {display_name(cluster)})"}
+            return [{**c, "name": qualified(c["name"], cluster)}
                     for cluster, rows in self.cluster_controllers.status().items() for c in rows]
         return [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.controllers]
 

@@ -188,7 +188,8 @@ def _mask(key: str, value: Any) -> Any:
         return {k: _mask(k, v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_mask(key, v) for v in value]
-    if value and re.search(r"token|password|secret|key", key, re.I):
+    # By the end of the name: "api_token" or "client_secret" are secrets, "secret_types" is not.
+    if value and re.search(r"(token|password|secret|key)s?$", key, re.I):
         return "***"
     return value
 

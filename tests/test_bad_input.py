@@ -564,6 +564,7 @@ def test_check_config_masks_and_discover_lists(tmp_path: Path, control_plane: Co
         '[plugin_settings.x]\napi_token = "s3cret"\n')
     code, out, err = finish(syncer("check-config", "--settings", str(tmp_path / "s.toml")))
     assert code == 0 and "s3cret" not in out and '"api_token": "***"' in out, err
+    assert '"solo.io/kubeconfig"' in out  # clusters.secret_types names types, not secrets
     code, out, err = finish(syncer("discover", "--settings", str(tmp_path / "s.toml")))
     assert code == 0, err
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
