@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkable
 
@@ -140,6 +141,20 @@ async def _bounded(cleanup: Cleanup, timeout: float, cluster: str) -> None:
         logger.error("cluster {}: a cleanup did not finish within {:g}s", display_name(cluster), timeout)
     except Exception:
         logger.exception("cluster {}: a cleanup failed", display_name(cluster))
+
+
+class NamedLocks:
+    """One asyncio.Lock per cluster name, made on demand and dropped once nobody holds or awaits it: work on one
+    cluster is ordered while no other cluster waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: "weakref.WeakValueDictionary[str, asyncio.Lock]" = weakref.WeakValueDictionary()
+
+    def __call__(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from informers import Supervisor
 
-from .cluster import Cluster, ClusterContext, display_name, qualified
+from .cluster import Cluster, ClusterContext, NamedLocks, display_name, qualified
 from .fence import OPEN, Fence
 from .manager import ControllerManager, ManagedController
 
@@ -43,26 +43,29 @@ class ClusterControllers:
         self._managers: dict[str, ControllerManager] = {}
         self._stuck: list[str] = []
         self._closed = False  # stopped: a cluster engaged late gets no manager (nobody would stop it)
-        self._lock = asyncio.Lock()  # a cluster's managers change one at a time (rotation: stop old, start new)
+        # Per cluster: its managers change one at a time (rotation: stop old, start new), others never wait.
+        self._lock_for = NamedLocks()
 
     async def add_cluster(self, ctx: ClusterContext, name: str, cluster: Cluster) -> None:
         """Start a manager for ``cluster`` (stopping the one of its previous connection first)."""
         if not self.controllers:
             return
-        async with self._lock:
+        async with self._lock_for(name):
             if self._closed:
                 return
             old = self._managers.pop(name, None)
             if old is not None:
-                self._stuck += await old.stop()
+                self._stuck += [qualified(n, name) for n in await old.stop()]
+                if self._closed:  # stop() came while the old one stopped: it has taken its snapshot
+                    return
             manager = ControllerManager(f"{self.name}/{display_name(name)}", cluster.factory, self.controllers,
                                         client=cluster.client, cluster=name, **self._options)
             self._managers[name] = manager
-            await manager.start()
+            await manager.start()  # awaits nothing: stop() sees this manager, or add_cluster sees _closed
         ctx.add_cleanup(lambda: self._stop(name, manager))
 
     async def _stop(self, name: str, manager: ControllerManager) -> None:
-        async with self._lock:
+        async with self._lock_for(name):
             if self._managers.get(name) is manager:  # a newer connection's manager is left alone
                 del self._managers[name]
             self._stuck += [qualified(n, name) for n in await manager.stop()]
@@ -70,9 +73,8 @@ class ClusterControllers:
     async def stop(self) -> list[str]:
         """Stop every cluster's manager, and start no more; the names of controllers that did not stop (see
         ``ControllerManager.stop``), including those of managers stopped before (a rotation, a cluster leaving)."""
-        async with self._lock:
-            self._closed = True
-            managers, self._managers = dict(self._managers), {}
+        self._closed = True
+        managers, self._managers = dict(self._managers), {}
         results = await asyncio.gather(*(m.stop() for m in managers.values()))
         stuck = self._stuck + [qualified(n, name) for name, names in zip(managers, results)
                                for n in names]

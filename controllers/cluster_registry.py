@@ -55,8 +55,10 @@ from informers.untrusted_kubeconfig import KubeconfigError, KubeconfigInvalid, c
     kubeconfig_hash
 from informers.wait import wait_first
 
-from .cluster import LOCAL_CLUSTER, Cluster, ClusterContext, ClusterHandler, ClusterRemovedHandler, Condition, \
-    ConditionType, display_name
+from .cluster import (
+    LOCAL_CLUSTER, Cluster, ClusterContext, ClusterHandler, ClusterRemovedHandler, Condition, ConditionType,
+    NamedLocks, display_name,
+)
 from .fence import OPEN, Fence, fenced
 from .workqueue import QueueShutDown, WorkQueue
 
@@ -110,6 +112,7 @@ class _Member:
         self.replaces = replaces
         self.replaced = False
         self.cancelled = False
+        self.told: list[ClusterHandler] = []  # the handlers add_cluster was called on, in order
         self.state = MemberState.CONNECTING
         self.conditions = {t: Condition(t) for t in ConditionType}
         self.attempts = 0
@@ -164,7 +167,9 @@ class ClusterRegistry:
         self._by_secret: dict[str, str] = {}  # secret key -> the cluster name it registered
         self._conflicts: dict[str, _Conflict] = {}  # secret key -> why it is not registered
         self._tasks: set[asyncio.Task[None]] = set()
-        self._lock = asyncio.Lock()  # handler calls (add, remove, cleanups) one at a time, in order
+        # Per cluster name: its handler calls (add, cleanups, remove) run one at a time, in order; another
+        # cluster's never wait for them (a slow controller stop in one delays no other).
+        self._lock_for = NamedLocks()
         self._queue: WorkQueue[str] = WorkQueue()
         self._informers = [self._secret_informer(ns, sel, typ) for ns in _or_all(options.namespaces)
                            for sel, typ in [*((s, None) for s in options.label_selectors),
@@ -183,12 +188,19 @@ class ClusterRegistry:
     # -- public ------------------------------------------------------------------------------------------
     async def register_cluster_handler(self, handler: ClusterHandler) -> None:
         """``handler.add_cluster`` for every member now engaged, then for every future one."""
-        async with self._lock:
-            self._handlers.append(handler)
-            for m in list(self._members.values()):
-                engaged = m.replaces if m.ctx is None and m.replaces is not None else m
-                if engaged.ctx is not None and engaged.cluster is not None:
-                    await _call(handler.add_cluster, engaged.ctx, engaged.name, engaged.cluster)
+        self._handlers.append(handler)
+        for m in list(self._members.values()):
+            engaged = m.replaces if m.ctx is None and m.replaces is not None else m
+            if engaged.ctx is not None:
+                async with self._lock_for(engaged.name):
+                    await self._tell(engaged, handler)
+
+    async def _tell(self, m: _Member, handler: ClusterHandler) -> None:
+        """``add_cluster`` on ``handler`` for the engaged ``m``, once (under the member's name lock)."""
+        if m.ctx is None or m.cluster is None or m.ctx.cancelled() or handler in m.told:
+            return
+        m.told.append(handler)
+        await _call(handler.add_cluster, m.ctx, m.name, m.cluster)
 
     def cluster(self, name: str) -> Cluster:
         """The cluster ``name`` as engaged now; ClusterNotFound if it is not registered or not up yet."""
@@ -443,12 +455,12 @@ class ClusterRegistry:
 
     async def _engage(self, m: _Member, cluster: Cluster) -> None:
         """Tell the handlers (the member becomes the cluster), then stop the member it replaces."""
-        async with self._lock:
+        async with self._lock_for(m.name):
             m.cluster = cluster
             m.ctx = ClusterContext(m.name)
             m.state = MemberState.READY
-            for handler in self._handlers:
-                await _call(handler.add_cluster, m.ctx, m.name, cluster)
+            for handler in list(self._handlers):  # one registered meanwhile is told by its registration
+                await self._tell(m, handler)
             old, m.replaces = m.replaces, None
         self._log.info("cluster {} is up ({})", display_name(m.name), m.conditions[ConditionType.CONNECTED].message)
         if old is not None:
@@ -479,10 +491,10 @@ class ClusterRegistry:
         try:
             if m.ctx is not None:
                 m.ctx.cancel()  # at once: whatever waits for the lock already sees the cluster gone
-                async with self._lock:
+                async with self._lock_for(m.name):
                     await m.ctx.run_cleanups(self.options.cleanup_timeout)
                     if not m.replaced:
-                        for handler in self._handlers:
+                        for handler in m.told:
                             if isinstance(handler, ClusterRemovedHandler):
                                 await _call(handler.remove_cluster, m.name)
         finally:

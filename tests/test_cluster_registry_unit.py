@@ -197,3 +197,37 @@ async def test_an_annotation_naming_an_invalid_cluster_is_reported(registry: Any
     (conflict,) = reg.status()["conflicts"]
     assert "'Prod'" in conflict["message"] and "DNS-1123" in conflict["message"]
     await reg.stop()
+
+
+async def test_a_slow_cleanup_in_one_cluster_delays_no_other(registry: Any) -> None:
+    reg, secrets = registry
+    engaged: list[str] = []
+
+    class SlowToLeave:
+        def add_cluster(self, ctx: ClusterContext, name: str, cluster: Any) -> None:
+            engaged.append(name)
+
+            async def cleanup() -> None:
+                await asyncio.sleep(2.0)
+
+            ctx.add_cleanup(cleanup)
+
+    def put_named(name: str, present: bool) -> None:
+        key = f"ns/{name}"
+        if present:
+            secrets[key] = {"metadata": {"name": name, "namespace": "ns"},
+                            "data": {"kubeconfig": base64.b64encode(name.encode()).decode()}}
+        else:
+            secrets.pop(key)
+        reg._sync(key)
+
+    await reg.register_cluster_handler(SlowToLeave())
+    put_named("slow", True)
+    await settle()
+    put_named("slow", False)  # its cleanup now takes 2 s
+    await settle()
+    put_named("fast", True)
+    async with asyncio.timeout(0.5):
+        while "fast" not in engaged:
+            await asyncio.sleep(0.01)
+    await reg.stop()
