@@ -9,6 +9,7 @@ Responses are decoded once with orjson into plain dicts.
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -158,7 +159,9 @@ class ApiClient:
             prefix = c.api_key_prefix.get("authorization")
             headers["Authorization"] = f"{prefix} {key}" if prefix else key
         elif c.username:
-            headers["Authorization"] = aiohttp.BasicAuth(c.username, c.password or "").encode()
+            # RFC 7617 with latin-1, as aiohttp's (deprecated) BasicAuth encoded it.
+            pair = f"{c.username}:{c.password or ''}".encode("latin-1")
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         return headers
 
     async def _exec_headers(self, plugin: ExecPlugin, rejected: Credential | None = None) -> dict[str, str]:
