@@ -121,16 +121,26 @@ class ClusterContext:
         cleanup would leave the cluster's controllers running."""
         self.cancel()
         cleanups, self._cleanups = self._cleanups[::-1], []
-        interrupted = False
-        for cleanup in cleanups:
-            task = asyncio.ensure_future(_bounded(cleanup, timeout, self.cluster))
-            while not task.done():
-                try:
-                    await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    interrupted = True
-        if interrupted:
-            raise asyncio.CancelledError
+
+        async def run_all() -> None:
+            for cleanup in cleanups:
+                await _bounded(cleanup, timeout, self.cluster)
+
+        await finish(run_all())
+
+
+async def finish(work: Awaitable[None]) -> None:
+    """Await ``work`` to its end even if this task is cancelled meanwhile; then re-raise that cancellation. For
+    teardown that must not stop halfway (a cleanup skipped, a factory left running)."""
+    task = asyncio.ensure_future(work)
+    interrupted = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            interrupted = True
+    if interrupted:
+        raise asyncio.CancelledError
 
 
 async def _bounded(cleanup: Cleanup, timeout: float, cluster: str) -> None:

@@ -56,13 +56,13 @@ class ClusterControllers:
             old = self._managers.pop(name, None)
             if old is not None:
                 self._stuck += [qualified(n, name) for n in await old.stop()]
-                if self._closed:  # stop() came while the old one stopped: it has taken its snapshot
-                    return
+            if self._closed or ctx.cancelled():  # stopped, or this connection went, while the old one stopped
+                return
             manager = ControllerManager(f"{self.name}/{display_name(name)}", cluster.factory, self.controllers,
                                         client=cluster.client, cluster=name, **self._options)
             self._managers[name] = manager
+            ctx.add_cleanup(lambda: self._stop(name, manager))
             await manager.start()  # awaits nothing: stop() sees this manager, or add_cluster sees _closed
-        ctx.add_cleanup(lambda: self._stop(name, manager))
 
     async def _stop(self, name: str, manager: ControllerManager) -> None:
         async with self._lock_for(name):
@@ -89,6 +89,8 @@ class ClusterControllers:
         """``{name, healthy, message}`` per controller per cluster; only a stuck one is unhealthy: one failing in
         one member cluster (that cluster unreachable, say) is that cluster's problem, shown in its status, and
         restarting this process would not fix it."""
-        return [{"name": qualified(st.name, name), "healthy": st.state != "stuck",
-                 "message": st.last_error if st.state in ("stuck", "backoff") else st.state}
-                for name, m in sorted(self._managers.items()) for st in m.status().values()]
+        stopped_stuck = [{"name": n, "healthy": False, "message": "did not stop when its cluster left or was "
+                          "replaced"} for n in self._stuck]
+        return stopped_stuck + [{"name": qualified(st.name, name), "healthy": st.state != "stuck",
+                                 "message": st.last_error if st.state in ("stuck", "backoff") else st.state}
+                                for name, m in sorted(self._managers.items()) for st in m.status().values()]

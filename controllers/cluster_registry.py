@@ -57,7 +57,7 @@ from informers.wait import wait_first
 
 from .cluster import (
     LOCAL_CLUSTER, Cluster, ClusterContext, ClusterHandler, ClusterRemovedHandler, Condition, ConditionType,
-    NamedLocks, display_name,
+    NamedLocks, display_name, finish,
 )
 from .fence import OPEN, Fence, fenced
 from .workqueue import QueueShutDown, WorkQueue
@@ -189,15 +189,17 @@ class ClusterRegistry:
     async def register_cluster_handler(self, handler: ClusterHandler) -> None:
         """``handler.add_cluster`` for every member now engaged, then for every future one."""
         self._handlers.append(handler)
-        for m in list(self._members.values()):
-            engaged = m.replaces if m.ctx is None and m.replaces is not None else m
-            if engaged.ctx is not None:
-                async with self._lock_for(engaged.name):
+        for name in list(self._members):
+            async with self._lock_for(name):  # decided under the lock: an engagement may be finishing
+                m = self._members.get(name)
+                engaged = m if m is None or m.ctx is not None else m.replaces
+                if engaged is not None:
                     await self._tell(engaged, handler)
 
     async def _tell(self, m: _Member, handler: ClusterHandler) -> None:
         """``add_cluster`` on ``handler`` for the engaged ``m``, once (under the member's name lock)."""
-        if m.ctx is None or m.cluster is None or m.ctx.cancelled() or handler in m.told:
+        if m.ctx is None or m.cluster is None or m.ctx.cancelled() or m.cancelled or m.replaced or \
+                handler in m.told:
             return
         m.told.append(handler)
         await _call(handler.add_cluster, m.ctx, m.name, m.cluster)
@@ -328,10 +330,15 @@ class ClusterRegistry:
         if holder is not None:
             self._log.info("cluster {}: kubeconfig changed; connecting anew before replacing the connection",
                            display_name(name))
-            # The engaged member stays until the new one is up; a pending replacement is dropped for the newest.
+            # The engaged member stays until the new one is up; a pending replacement is dropped for the newest,
+            # detached first so that cancelling it does not reach the engaged one.
             engaged = holder if holder.ctx is not None else holder.replaces
             if holder is not engaged:
+                holder.replaces = None
                 self._cancel(holder)
+                if engaged is not None and engaged.digest == (kubeconfig_hash(data) if data is not None else ""):
+                    self._members[name] = engaged  # back to what is running: nothing to connect
+                    return
             self._add(_Member(name, source, data, replaces=engaged))
         else:
             self._log.info("cluster {} registered from {}", display_name(name), source)
@@ -456,18 +463,20 @@ class ClusterRegistry:
     async def _engage(self, m: _Member, cluster: Cluster) -> None:
         """Tell the handlers (the member becomes the cluster), then stop the member it replaces."""
         async with self._lock_for(m.name):
+            old = m.replaces
+            if old is not None:
+                old.replaced = True  # from here on the handlers hear of m: the old one never gets remove_cluster
             m.cluster = cluster
             m.ctx = ClusterContext(m.name)
             m.state = MemberState.READY
             for handler in list(self._handlers):  # one registered meanwhile is told by its registration
                 await self._tell(m, handler)
-            old, m.replaces = m.replaces, None
+            m.replaces = None
+            if old is not None:
+                self._cancel(old)
         self._log.info("cluster {} is up ({})", display_name(m.name), m.conditions[ConditionType.CONNECTED].message)
-        if old is not None:
-            old.replaced = True
-            self._cancel(old)
-            if old.task is not None:
-                await asyncio.wait({old.task})  # a cancellation of ours must not reach the old member's teardown
+        if old is not None and old.task is not None:
+            await asyncio.wait({old.task})  # a cancellation of ours must not reach the old member's teardown
 
     async def _probe(self, m: _Member) -> None:
         """Keep the Connected condition current; informers reconnect by themselves."""
@@ -496,15 +505,19 @@ class ClusterRegistry:
                     if not m.replaced:
                         for handler in m.told:
                             if isinstance(handler, ClusterRemovedHandler):
-                                await _call(handler.remove_cluster, m.name)
+                                await finish(_bounded_call(self.options.cleanup_timeout, handler.remove_cluster,
+                                                           m.name))
         finally:
             await self._release(m)
             self._log.debug("cluster {}: member from {} stopped", display_name(m.name), m.source)
 
     async def _release(self, m: _Member) -> None:
-        """Stop the member's factory and close its client (neither when they are the management cluster's)."""
-        factory, m.factory = m.factory, None
-        client, m.client = m.client, None
+        """Stop the member's factory and close its client (neither when they are the management cluster's), to
+        the end even if cancelled meanwhile (a Secret deleted while a retry releases)."""
+        await finish(self._release_now(m))
+
+    async def _release_now(self, m: _Member) -> None:
+        factory, client = m.factory, m.client
         try:
             if factory is not None and factory is self._local_factory:
                 release = getattr(factory, "release", None)
@@ -512,9 +525,13 @@ class ClusterRegistry:
                     release(self.name)  # the sidecar's own factory outlives the member
             elif factory is not None:
                 await factory.shutdown()
-        finally:
             if client is not None and client is not self.management:
                 await client.close()
+        except Exception:  # a failed release must not end the member's task: it would never retry or stop
+            self._log.exception("cluster {}: stopping its informers or closing its connections failed",
+                                display_name(m.name))
+        finally:
+            m.factory = m.client = None
 
     def _conditions(self, m: _Member) -> list[Condition]:
         """The member's conditions, Discovered and Synced made live once it is engaged."""
@@ -579,6 +596,14 @@ def _kubeconfig_bytes(secret: Obj, key: str) -> bytes | None:
 
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+async def _bounded_call(timeout: float, fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await _call(fn, *args)
+    except TimeoutError:
+        logger.error("cluster handler {} did not return within {:g}s", getattr(fn, "__qualname__", fn), timeout)
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> None:

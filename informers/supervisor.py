@@ -127,15 +127,20 @@ class Supervisor:
         handle.task = asyncio.create_task(self._run(handle, body), name=name)
         return handle
 
-    async def cancel(self, name: str) -> None:
-        """Cancel one task, await it and forget it (no-op if unknown)."""
+    async def cancel(self, name: str, timeout: float | None = None) -> bool:
+        """Cancel one task, await it (at most ``timeout`` seconds) and forget it (no-op if unknown). False if it
+        is still running after ``timeout`` (it ignores its cancellation): it stays listed, for the caller to
+        report."""
         handle = self._handles.get(name)
         if handle is not None and handle.task is not None:
             handle.task.cancel()
-            await asyncio.gather(handle.task, return_exceptions=True)
+            await asyncio.wait({handle.task}, timeout=timeout)
+            if not handle.task.done():
+                return False
             handle.state = TaskState.STOPPED
         if self._handles.get(name) is handle:
             self._handles.pop(name, None)
+        return True
 
     async def stop(self) -> None:
         """Cancel every task and await them all."""

@@ -359,8 +359,12 @@ class Syncer:
         per_cluster, self.cluster_controllers = self.cluster_controllers, None
         stuck: list[str] = []
         if per_cluster is not None:
-            await asyncio.gather(*(self.supervisor.cancel(f"fleet controller {loop.name}") for loop in loops))
-            stuck = await per_cluster.stop()
+            # Together, within one bound: the fleet loops and every cluster's controllers share the lease margin.
+            timeout = self._stop_timeout()
+            ended, stuck = await asyncio.gather(
+                asyncio.gather(*(self.supervisor.cancel(f"fleet controller {loop.name}", timeout) for loop in loops)),
+                per_cluster.stop())
+            stuck = [f"fleet controller {loop.name}" for loop, done in zip(loops, ended) if not done] + stuck
         if registry is not None and not stuck:
             await registry.stop()
             if per_cluster is not None:  # what the members' cleanups stopped meanwhile, and did not stop

@@ -19,6 +19,7 @@ from informers import GVR, ApiClient
 from informers.source import Notifier
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
+CONNECT_DELAY: dict[bytes, float] = {}  # kubeconfig -> how long connecting with it takes
 
 
 class FakeClient:
@@ -28,6 +29,7 @@ class FakeClient:
         self.host = "https://fake"
 
     async def request(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        await asyncio.sleep(CONNECT_DELAY.get(self.data, 0.0))
         return {"gitVersion": "v1.36"}
 
     async def close(self) -> None:
@@ -230,4 +232,69 @@ async def test_a_slow_cleanup_in_one_cluster_delays_no_other(registry: Any) -> N
     async with asyncio.timeout(0.5):
         while "fast" not in engaged:
             await asyncio.sleep(0.01)
+    await reg.stop()
+
+
+class Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def add_cluster(self, ctx: ClusterContext, name: str, cluster: Any) -> None:
+        data = cluster.client.data
+        self.events.append(("add", data))
+
+        async def cleanup() -> None:
+            self.events.append(("cleanup", data))
+
+        ctx.add_cleanup(cleanup)
+
+    def remove_cluster(self, name: str) -> None:
+        self.events.append(("remove", name))
+
+
+async def test_a_second_rotation_keeps_the_working_connection(registry: Any) -> None:
+    reg, secrets = registry
+    log = Log()
+    await reg.register_cluster_handler(log)
+    put(reg, secrets, b"v1")
+    await settle()
+    CONNECT_DELAY.update({b"v2": 1.0, b"v3": 0.3, b"v4": 1.0})
+    try:
+        put(reg, secrets, b"v2")  # still connecting when...
+        await settle()
+        put(reg, secrets, b"v3")  # ...the next rotation comes
+        await asyncio.sleep(0.1)
+        assert log.events == [("add", b"v1")] and reg.list_clusters() == ["c1"]  # v1 still serves
+        await asyncio.sleep(0.6)
+        assert log.events == [("add", b"v1"), ("add", b"v3"), ("cleanup", b"v1")]
+        put(reg, secrets, b"v4")
+        await settle()
+        put(reg, secrets, b"v3")  # back to the running one while v4 connects: nothing reconnects
+        await asyncio.sleep(0.1)
+        assert reg._members["c1"].data == b"v3" and log.events[-1] == ("cleanup", b"v1")
+    finally:
+        CONNECT_DELAY.clear()
+        await reg.stop()
+
+
+async def test_removal_during_an_engagement_calls_remove_cluster_once(registry: Any) -> None:
+    reg, secrets = registry
+    log = Log()
+    gate = asyncio.Event()
+
+    class Slow:
+        async def add_cluster(self, ctx: ClusterContext, name: str, cluster: Any) -> None:
+            if cluster.client.data == b"v2":
+                await gate.wait()
+
+    await reg.register_cluster_handler(log)
+    await reg.register_cluster_handler(Slow())
+    put(reg, secrets, b"v1")
+    await settle()
+    put(reg, secrets, b"v2")  # told to the log, then stuck in Slow
+    await settle()
+    put(reg, secrets, None)
+    await asyncio.sleep(0.2)
+    assert log.events.count(("remove", "c1")) == 1
+    assert sorted(e for e in log.events if e[0] == "cleanup") == [("cleanup", b"v1"), ("cleanup", b"v2")]
     await reg.stop()
