@@ -146,13 +146,17 @@ class FleetLoop:
         deletion), or when the cluster goes."""
         feed = _Feed(self, ctx, name, self.spec.gvr)
         factory = cluster.factory
+        owner = f"fleet controller {self.name}"
+        factory.require(owner, [self.spec.gvr])  # a factory watching only what is required must watch it
         factory.add_gvr_handler(feed)
         unhook = factory.add_removal_hook(feed.before_removal)
 
         async def cleanup() -> None:
             unhook()
             await feed.leave()
-            await factory.remove_gvr_handler(feed)  # the local cluster's factory outlives this loop
+            # The local cluster's factory outlives this loop: it must forget the loop's handler and needs.
+            await factory.remove_gvr_handler(feed)
+            factory.release(owner)
 
         ctx.add_cleanup(cleanup)
 
