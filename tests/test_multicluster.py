@@ -418,3 +418,27 @@ async def test_many_add_remove_cycles_leak_nothing(api: ApiClient, fleet_ns: str
     finally:
         await per_cluster.stop()
         await registry.stop()
+
+
+async def test_fifty_members_against_one_apiserver(api: ApiClient, fleet_ns: str,
+                                                   workloads: tuple[ControlPlane, ControlPlane]) -> None:
+    a, _ = workloads
+    starts = Starts(CONFIGMAPS)
+    registry = ClusterRegistry(api, options(fleet_ns, sync_timeout=60.0), required=[CONFIGMAPS])
+    per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
+    await registry.register_cluster_handler(per_cluster)
+    tasks_before = len(asyncio.all_tasks())
+    await registry.start()
+    names = [f"m{i:02d}" for i in range(50)]
+    try:
+        data = kubeconfig(a)
+        await asyncio.gather(*(put_secret(api, fleet_ns, n, data) for n in names))
+        await eventually(lambda: registry.list_clusters() == names and len(starts.running) == 50, 60, "50 members")
+        assert all(c["ready"] for c in registry.status()["clusters"])
+        await asyncio.gather(*(delete_secret(api, fleet_ns, n) for n in names))
+        await eventually(lambda: registry.status()["clusters"] == [] and not starts.running, 60, "all gone")
+    finally:
+        await per_cluster.stop()
+        await registry.stop()
+    await asyncio.sleep(0.1)
+    assert len(asyncio.all_tasks()) <= tasks_before
