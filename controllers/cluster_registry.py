@@ -229,17 +229,23 @@ class ClusterRegistry:
             self._queue.processing == 0
 
     def status(self) -> dict[str, Any]:
-        """``{"clusters": [...], "conflicts": [...]}``: every member with its state and conditions."""
+        """``{"clusters": [...], "conflicts": [...]}``: every member with its state and conditions, and under
+        ``rotation`` those of the new connection a changed kubeconfig is bringing up (None otherwise)."""
         clusters = []
         for name, m in sorted(self._members.items()):
-            conditions = self._conditions(m)
-            clusters.append({
-                "name": name, "display_name": display_name(name), "source": m.source, "state": m.state.value,
-                "ready": all(c.status for c in conditions), "attempts": m.attempts,
-                "replacing": m.replaces is not None, "conditions": [c.as_dict() for c in conditions]})
+            # While a new connection comes up, the old one still serves: the cluster is what the old one is.
+            serving = m.replaces if m.ctx is None and m.replaces is not None else m
+            doc = self._member_status(serving)
+            doc["rotation"] = self._member_status(m) if serving is not m else None
+            clusters.append({"name": name, "display_name": display_name(name), **doc})
         conflicts = [{"secret": c.secret, "cluster": c.cluster, "message": c.message}
                      for c in sorted(self._conflicts.values(), key=lambda c: c.secret)]
         return {"clusters": clusters, "conflicts": conflicts}
+
+    def _member_status(self, m: _Member) -> dict[str, Any]:
+        conditions = self._conditions(m)
+        return {"source": m.source, "state": m.state.value, "ready": all(c.status for c in conditions),
+                "attempts": m.attempts, "conditions": [c.as_dict() for c in conditions]}
 
     async def start(self) -> None:
         """Start watching the Secrets (and bring up the local member if configured)."""

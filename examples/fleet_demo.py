@@ -175,7 +175,7 @@ class Fleet:
             say(f"  {cluster}: not registered")
             return
         say(f"  {cluster}: state={m['state']} ready={m['ready']} attempts={m['attempts']} "
-            f"replacing={m['replacing']} ({m['source']})")
+            f"rotating={m['rotation'] is not None} ({m['source']})")
         for c in m["conditions"]:
             say(f"    {c['type']:<10} {c['status']:<7} {c['reason']}{': ' + c['message'] if c['message'] else ''}")
 
@@ -243,7 +243,7 @@ async def steps(fleet: Fleet, mgmt: ApiClient, east: ControlPlane, east_api: Api
     try:
         await put_secret(mgmt, "east", kubeconfig(east, token))
         await wait_for("east's new connection to take over", lambda: fleet.registry.cluster("east") is not before
-                       and (fleet.member("east") or {}).get("replacing") is False)
+                       and (fleet.member("east") or {}).get("rotation", 0) is None)
         await wait_for("widget-status to run on east's new connection",
                        lambda: fleet.controller_state("east") == "running")
         await asyncio.sleep(1.0)  # the old connection's teardown, had it taken east out of the fleet
