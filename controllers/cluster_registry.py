@@ -196,6 +196,12 @@ class ClusterRegistry:
                 if engaged is not None:
                     await self._tell(engaged, handler)
 
+    def unregister_cluster_handler(self, handler: ClusterHandler) -> None:
+        """Tell ``handler`` about no more clusters (its cleanups already registered still run when their cluster
+        goes; a handler that leaves earlier detaches itself, as ``FleetLoop.close`` does)."""
+        if handler in self._handlers:
+            self._handlers.remove(handler)
+
     async def _tell(self, m: _Member, handler: ClusterHandler) -> None:
         """``add_cluster`` on ``handler`` for the engaged ``m``, once (under the member's name lock)."""
         if m.ctx is None or m.cluster is None or m.ctx.cancelled() or m.cancelled or m.replaced or \
@@ -516,7 +522,7 @@ class ClusterRegistry:
                     await m.ctx.run_cleanups(self.options.cleanup_timeout)
                     if not m.replaced:
                         for handler in m.told:
-                            if isinstance(handler, ClusterRemovedHandler):
+                            if isinstance(handler, ClusterRemovedHandler) and handler in self._handlers:
                                 await finish(_bounded_call(self.options.cleanup_timeout, handler.remove_cluster,
                                                            m.name))
         finally:

@@ -136,6 +136,8 @@ class FleetLoop:
         self._rate_limiter = rate_limiter
         self._metrics_registry = metrics_registry
         self._subs: dict[str, SharedIndexInformer] = {}  # cluster -> the informer it joined with
+        self._detaches: dict[int, Callable[[], Awaitable[None]]] = {}  # feed -> its cleanup, until it has run
+        self._closed = False
         self._lock = asyncio.Lock()  # union changes in the order they were decided
         self._log = logger.bind(controller=name)
 
@@ -144,6 +146,8 @@ class FleetLoop:
         """Follow ``cluster``'s informer of the GVR: it joins the union when synced and leaves before the factory
         stops it (while its cache is still whole: a request read from an emptied cache would look like a
         deletion), or when the cluster goes."""
+        if self._closed:
+            return
         feed = _Feed(self, ctx, name, self.spec.gvr)
         factory = cluster.factory
         owner = f"fleet controller {self.name}"
@@ -152,13 +156,27 @@ class FleetLoop:
         unhook = factory.add_removal_hook(feed.before_removal)
 
         async def cleanup() -> None:
+            if self._detaches.pop(id(feed), None) is None:
+                return  # done already (by close)
             unhook()
             await feed.leave()
             # The local cluster's factory outlives this loop: it must forget the loop's handler and needs.
             await factory.remove_gvr_handler(feed)
             factory.release(owner)
 
+        self._detaches[id(feed)] = cleanup
         ctx.add_cleanup(cleanup)
+
+    async def close(self) -> None:
+        """Detach from every cluster now (the loop ends before its clusters do: its resource is no longer wanted),
+        and ignore clusters added later."""
+        self._closed = True
+        for cleanup in list(self._detaches.values()):
+            await cleanup()
+
+    def enqueue(self, request: ClusterRequest) -> None:
+        """Queue ``request`` from elsewhere than the union's events (another informer whose objects map to it)."""
+        self.queue.add(request)
 
     async def _join(self, feed: "_Feed", informer: SharedIndexInformer) -> None:
         async with self._lock:
