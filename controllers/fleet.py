@@ -29,12 +29,14 @@ from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from informers import GVR, ApiClient, Backoff, SharedIndexInformer, UnionInformer
+from informers import (
+    GVR, ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory, SharedIndexInformer, UnionInformer,
+)
 from informers.store import DeletedFinalStateUnknown, Obj
 from informers.union_lister import UnionLister
 
 from .cluster import LOCAL_CLUSTER, Cluster, ClusterContext, display_name
-from .cluster_registry import ClusterClients
+from .cluster_registry import ClusterClients, ClusterRegistry
 from .context import ReconcileStats
 from .fence import OPEN, Fence, fenced
 from .metrics import reconcile_metrics
@@ -105,6 +107,28 @@ class FleetContext:
 
 
 CreateReconciler = Callable[[FleetContext], FleetReconciler | Awaitable[FleetReconciler]]
+
+
+@dataclass(frozen=True)
+class FleetScope:
+    """What a fleet component gets for one leadership term: the ``registry`` of member clusters (register cluster
+    handlers on it; ``registry.clients`` writes to members), the management cluster's ``management`` client
+    (fenced by the term) and its discovering ``management_factory``, and the ``fence``."""
+
+    registry: ClusterRegistry
+    management: ApiClient
+    management_factory: DiscoveringDynamicSharedInformerFactory
+    fence: Fence
+
+
+@runtime_checkable
+class FleetComponent(Protocol):
+    """Fleet-wide work that is more than one reconcile loop (a plugin's ``syncer_fleet_components`` hook):
+    ``await run(scope)`` once per leadership term, until cancelled; it owns whatever it starts."""
+
+    name: str
+
+    async def run(self, scope: FleetScope) -> None: ...
 
 
 @dataclass(frozen=True)

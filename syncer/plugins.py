@@ -5,6 +5,7 @@ installed package advertising an entry point in the ``syncer.controllers`` group
 
     def syncer_controllers(settings: dict) -> dict[str, ManagedController]: ...      # in every cluster
     def syncer_fleet_controllers(settings: dict) -> dict[str, FleetController]: ...  # once, over all clusters
+    def syncer_fleet_components(settings: dict) -> list[FleetComponent]: ...       # run(scope) per term
     def syncer_webhooks(settings: dict) -> list[Webhook]: ...      # syncer.webhook: Validating/MutatingWebhook
     def syncer_stores(settings: dict) -> list[Store]: ...          # syncer.runnables: recovered before controllers
     def syncer_runnables(settings: dict) -> list[Runnable]: ...    # syncer.runnables: run while leading
@@ -33,7 +34,7 @@ from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 from loguru import logger
 
 from controllers import ManagedController
-from controllers.fleet import FleetController
+from controllers.fleet import FleetComponent, FleetController
 from informers import GVR
 
 from .runnables import Runnable, Store, check_runnable, check_store
@@ -61,18 +62,22 @@ EXTENSION_HOOKS = {
                                   lambda w: w.path),
     "syncer_stores": _Extension("stores", "store", check_store, lambda s: s.name),
     "syncer_runnables": _Extension("runnables", "runnable", check_runnable, lambda r: r.name),
+    "syncer_fleet_components": _Extension("components", "fleet component", lambda c: "" if isinstance(
+        c, FleetComponent) else f"{type(c).__name__} has no name and async run(scope)", lambda c: c.name),
 }
 
 
 class Plugins(dict[str, ManagedController]):
-    """The loaded plugins: their controllers by name (the dict itself), fleet controllers by name, webhooks, stores
-    and runnables."""
+    """The loaded plugins: their controllers by name (the dict itself), fleet controllers by name, fleet components,
+    webhooks, stores and runnables."""
 
     def __init__(self, controllers: Mapping[str, ManagedController] | None = None, *,
                  webhooks: Sequence[Webhook] = (), stores: Sequence[Store] = (),
-                 runnables: Sequence[Runnable] = (), fleet: Mapping[str, FleetController] | None = None) -> None:
+                 runnables: Sequence[Runnable] = (), fleet: Mapping[str, FleetController] | None = None,
+                 components: Sequence[FleetComponent] = ()) -> None:
         super().__init__(controllers or {})
         self.fleet = dict(fleet or {})
+        self.components = list(components)
         self.webhooks = list(webhooks)
         self.stores = list(stores)
         self.runnables = list(runnables)

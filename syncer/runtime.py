@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.sslproto
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 import tenacity
@@ -39,7 +40,8 @@ from controllers import OPEN, ControllerManager, Fence, ManagedController
 from controllers.cluster import display_name, qualified
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry, RegistryOptions
-from controllers.fleet import FleetLoop
+from controllers.fence import fenced
+from controllers.fleet import FleetLoop, FleetScope
 from informers import (
     ApiClient, ApiError, CredentialError, DiscoveringDynamicSharedInformerFactory, DiscoveryForbidden, ResourceFilter,
     Supervisor, TaskHandle,
@@ -103,12 +105,14 @@ class Syncer:
         self.webhooks = (WebhookService(settings.webhooks, plugins.webhooks, client, self.identity, self.supervisor)
                          if plugins.webhooks else None)
         self.fleet = plugins.fleet
+        self.components = plugins.components
         self.registry: ClusterRegistry | None = None
         self.cluster_controllers: ClusterControllers | None = None
         self.fleet_loops: list[FleetLoop] = []
-        if self.fleet and not settings.clusters.enabled:
+        fleet_level = sorted([*self.fleet, *(c.name for c in self.components)])
+        if fleet_level and not settings.clusters.enabled:
             logger.warning("fleet controller(s) {} run only in multi-cluster mode; set [clusters] enabled = true",
-                           ", ".join(sorted(self.fleet)))
+                           ", ".join(fleet_level))
         self.http = StatusServer(settings.http_bind, self.status, self.health, self._not_ready)
         self._stuck: list[str] = []
         self._log = logger.bind(identity=self.identity)
@@ -151,6 +155,7 @@ class Syncer:
             return None
         doc = self.registry.status() if self.registry is not None else {"clusters": [], "conflicts": []}
         doc["fleet_controllers"] = [loop.status() for loop in self.fleet_loops]
+        doc["fleet_components"] = [_component_status(c) for c in self.components] if self.registry is not None else []
         return doc
 
     def _not_ready(self) -> str | None:
@@ -328,7 +333,10 @@ class Syncer:
                             for name, spec in sorted(self.fleet.items())]
         for loop in self.fleet_loops:
             await registry.register_cluster_handler(loop)
-            self.supervisor.spawn(f"fleet controller {loop.name}", _runner(loop))
+            self.supervisor.spawn(f"fleet controller {loop.name}", _runner(loop.run))
+        scope = FleetScope(registry, fenced(self.client, fence), self.factory, fence)
+        for component in self.components:
+            self.supervisor.spawn(f"fleet component {component.name}", _runner(partial(component.run, scope)))
         await registry.start()
 
     def _member_factory(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
@@ -361,10 +369,11 @@ class Syncer:
         if per_cluster is not None:
             # Together, within one bound: the fleet loops and every cluster's controllers share the lease margin.
             timeout = self._stop_timeout()
+            tasks = [f"fleet controller {loop.name}" for loop in loops] + \
+                [f"fleet component {c.name}" for c in self.components]
             ended, stuck = await asyncio.gather(
-                asyncio.gather(*(self.supervisor.cancel(f"fleet controller {loop.name}", timeout) for loop in loops)),
-                per_cluster.stop())
-            stuck = [f"fleet controller {loop.name}" for loop, done in zip(loops, ended) if not done] + stuck
+                asyncio.gather(*(self.supervisor.cancel(task, timeout) for task in tasks)), per_cluster.stop())
+            stuck = [task for task, done in zip(tasks, ended) if not done] + stuck
         if registry is not None and not stuck:
             await registry.stop()
             if per_cluster is not None:  # what the members' cleanups stopped meanwhile, and did not stop
@@ -383,9 +392,15 @@ class Syncer:
         self._log.info("stopped")
 
 
-def _runner(loop: FleetLoop) -> Callable[[TaskHandle], Awaitable[None]]:
+def _component_status(component: Any) -> dict[str, Any]:
+    """A fleet component's ``status()`` (optional) under its name."""
+    status = getattr(component, "status", None)
+    return {"name": component.name, **(status() if callable(status) else {})}
+
+
+def _runner(work: Callable[[], Awaitable[None]]) -> Callable[[TaskHandle], Awaitable[None]]:
     async def run(_: TaskHandle) -> None:
-        await loop.run()
+        await work()
     return run
 
 

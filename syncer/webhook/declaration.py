@@ -21,9 +21,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, ClassVar, Literal, Mapping, Sequence
 
+from informers import ApiClient
+
 from .review import REVIEW_VERSIONS, AdmissionRequest, Verdict
 
-Handler = Callable[[AdmissionRequest], Awaitable[Verdict]]
+# A handler may take the sidecar's API client too, to check the request against what the cluster holds.
+Handler = Callable[[AdmissionRequest], Awaitable[Verdict]] | Callable[[AdmissionRequest, ApiClient], Awaitable[Verdict]]
 FailurePolicy = Literal["Fail", "Ignore"]
 SideEffects = Literal["None", "NoneOnDryRun"]
 MatchPolicy = Literal["Equivalent", "Exact"]
@@ -66,7 +69,8 @@ class AdmissionRule:
 
 @dataclass(frozen=True)
 class Webhook:
-    """An admission webhook: ``handler(request) -> Allow | Deny`` for the requests ``rules`` select.
+    """An admission webhook: ``handler(request) -> Allow | Deny`` (or ``handler(request, client)``, given the
+    sidecar's API client) for the requests ``rules`` select.
 
     ``name``: the entry's name in the configuration, a fully qualified DNS name (at least three labels, e.g.
     ``validate.widgets.example.com``); it is served at ``path`` (``/validating/<name>`` or ``/mutating/<name>``).

@@ -24,6 +24,7 @@ What differs from controller-runtime's webhook server and kopf's, and why:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ssl
 import time
 from typing import Any, Awaitable, Callable, Sequence
@@ -32,6 +33,8 @@ import orjson
 from aiohttp import web
 from loguru import logger
 from prometheus_client import Counter, Gauge, Histogram
+
+from informers import ApiClient
 
 from .certificates import ServingCertificates
 from .declaration import MAX_TIMEOUT, MutatingWebhook, Webhook, handler_timeout
@@ -50,8 +53,12 @@ _log = logger.bind(component="webhook server")
 class WebhookServer:
     """Serves ``webhooks`` at their paths on ``host:port`` with ``certificates``' TLS context."""
 
-    def __init__(self, host: str, port: int, webhooks: Sequence[Webhook], certificates: ServingCertificates) -> None:
+    def __init__(self, host: str, port: int, webhooks: Sequence[Webhook], certificates: ServingCertificates,
+                 client: ApiClient | None = None) -> None:
+        """``client`` is handed to handlers that take it (``async def handler(request, client)``): a check against
+        what is already in the cluster (one object per key, say) needs to read it, on every replica."""
         self.host, self.port = host, port
+        self.client = client
         self.webhooks = list(webhooks)
         self.certificates = certificates
         self.require_client_cert = bool(certificates.client_ca_file)
@@ -141,7 +148,7 @@ class WebhookServer:
         what = f"{review.operation} {review.resource.resource} {_object_name(review)}"
         try:
             async with asyncio.timeout(timeout) as deadline:
-                returned: Any = await webhook.handler(review)
+                returned: Any = await _call(webhook.handler, review, self.client)
         except Exception as e:
             if isinstance(e, TimeoutError) and deadline.expired():
                 log.warning("admission handler did not answer within {:g}s: {}", timeout, what)
@@ -163,6 +170,13 @@ class WebhookServer:
 def loopback_for(host: str) -> str:
     """Where to reach a listener bound to ``host`` from this machine: loopback for a wildcard address."""
     return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def _call(handler: Any, review: AdmissionRequest, client: ApiClient | None) -> Awaitable[Verdict]:
+    """The handler's answer, with the client when its signature asks for one (a second parameter)."""
+    if len(inspect.signature(handler).parameters) >= 2:
+        return handler(review, client)  # type: ignore[no-any-return]
+    return handler(review)  # type: ignore[no-any-return]
 
 
 def _timeout(webhook: Webhook, requested: str) -> float:

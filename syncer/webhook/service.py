@@ -60,7 +60,7 @@ class WebhookService:
                                                      settings.probe_namespace)
                                if _manages(settings.manage_configurations, client.host) else None)
         served = self.configurations.webhooks if self.configurations else list(webhooks)
-        self.server = WebhookServer(host, int(port), served, self.certificates)
+        self.server = WebhookServer(host, int(port), served, self.certificates, client)
         self.dialed = False
         self.called = False
         self.last_error = ""
