@@ -148,10 +148,13 @@ class FleetLoop:
     def __init__(
         self, name: str, spec: FleetController, clients: ClusterClients, *, management: ApiClient | None = None,
         fence: Fence = OPEN, rate_limiter: RateLimiter | None = None,
-        metrics_registry: CollectorRegistry | None = None,
+        metrics_registry: CollectorRegistry | None = None, on_join: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_join(cluster)`` is called once a cluster's informer is in the union (requests for it are served
+        from then on): for work that depends on the cluster's cache, beyond the events of its objects."""
         self.name = name
         self.spec = spec
+        self._on_join = on_join
         self.fence = fence
         self.union = UnionInformer(name, metrics_registry=metrics_registry)
         self.context = FleetContext(name, spec.gvr, self.union, clients, management, fence)
@@ -211,6 +214,8 @@ class FleetLoop:
             self._subs[feed.cluster] = informer
         self._log.info("cluster {} joins fleet controller {} ({} served there)", display_name(feed.cluster),
                        self.name, self.spec.gvr)
+        if self._on_join is not None:
+            self._on_join(feed.cluster)
 
     async def _leave(self, name: str, informer: SharedIndexInformer) -> None:
         """Remove cluster ``name``'s sub, if it is still ``informer``."""

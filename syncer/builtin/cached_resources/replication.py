@@ -1,0 +1,308 @@
+"""Replication: one ClusterCachedResource's replication engine (kcp's child "replication" controller of
+ClusterCachedResources): every source object of one GVR that matches a label selector, in every source cluster,
+kept as a ``CachedObject`` wrapper in the cache cluster, converging both ways.
+
+It is a ``FleetLoop`` over the source GVR (the source informer of each cluster joins when synced, leaves when the
+cluster stops serving the GVR or leaves) plus one informer of the wrappers in the cache. A source event and a
+wrapper event both queue the same ``ClusterRequest(cluster, name, namespace)`` (a wrapper maps back to its source
+through ``naming.source_of``), and one reconcile makes the wrapper what the source says.
+
+Differences from kcp, and why:
+
+- The cache informer is filtered by label to this schema (kcp's own TODO: its global informer watches every
+  CachedObject of every schema, so each replication holds and is woken by all of them).
+- A source that stops matching the selector loses its wrapper (kcp leaves it behind: a selector edit could only
+  ever add). Matching uses the full selector (``matchExpressions`` too), parsed by the caller.
+- A wrapper edited by hand (its ``spec``, or one of our labels or annotations) is restored even when the source's
+  resourceVersion has not changed: kcp skips on the resourceVersion alone, so a hand edit stayed until the source
+  next changed. Labels, annotations, finalizers and owner references added by others are kept.
+- A name taken by a wrapper this cache informer does not hold (its schema label removed by hand, or a create
+  racing the informer) is read with a GET and updated, not retried as a create forever.
+- When a cluster joins, the wrappers recorded for it are revisited: a source deleted while nobody replicated it
+  (or while the cluster was away) has its wrapper removed even when no event of that cluster would say so.
+- Reconciles start only once the cache informer has synced, so a replication restarted over a replicated state
+  compares every source with its wrapper and writes nothing (a reconcile against a cache still filling would
+  take every wrapper for missing and POST it again).
+- Counts come from the two informers (kcp LISTs the cache on every reconcile).
+- ``purge`` lists by label on the cache only: it needs neither the source GVR nor any source cluster, so it works
+  when the source CRD is gone, and it raises while the cache is unreachable, so the caller retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterable
+
+from loguru import logger
+from prometheus_client import CollectorRegistry
+
+from controllers.cluster import Cluster, ClusterContext, display_name
+from controllers.cluster_registry import ClusterClients
+from controllers.fence import OPEN, Fence
+from controllers.fleet import ClusterRequest, FleetContext, FleetController, FleetLoop
+from controllers.reconcile import Request, Result, TerminalError
+from informers import (
+    GVR, AlreadyExists, ApiClient, ClusterNotFound, Conflict, DeletedFinalStateUnknown, FuncHandler,
+    HandlerRegistration, InformerMetrics, LabelSelector, NotFound, ResourceClient, SharedIndexInformer, deep_copy,
+    drop_managed_fields,
+)
+from informers.store import Obj
+
+from .naming import (
+    CACHED_OBJECTS, LABEL_SCHEMA, is_wrapper_of_schema, schema, schema_selector, source_of, wrapper_for, wrapper_name,
+)
+
+_BY_CLUSTER = "cache.kcp.io/source-cluster"  # the cache informer's index: wrappers by source cluster
+_PURGE_CONCURRENCY = 16
+# Metadata a wrapper may carry from others (consumers, admins): an update keeps it rather than reverting it.
+_KEPT_METADATA = ("finalizers", "ownerReferences")
+
+
+class Replication:
+    """Replicates ``gvr`` objects matching ``selector`` from every cluster it is told about (``add_cluster``: a
+    ``ClusterHandler``) into ``cache`` as wrappers stamped with ``identity_hash``.
+
+    ``cache`` is the client writes to the cache go through (the caller fences it). ``await run()`` once, until
+    cancelled; ``await close()`` detaches from the clusters. A changed selector is a new Replication over the same
+    cache (its reconciles delete what the old selector admitted and the new one does not), as the root controller
+    does; ``purge()`` after ``close()`` removes every wrapper of the schema.
+    """
+
+    def __init__(self, name: str, gvr: GVR, selector: LabelSelector, identity_hash: str, cache: ApiClient,
+                 clients: ClusterClients, *, fence: Fence = OPEN, workers: int = 2,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
+        self.name = name
+        self.gvr = gvr
+        self.selector = selector
+        self.identity_hash = identity_hash
+        self.cache = cache
+        self._log = logger.bind(replication=name)
+        self._objects = ResourceClient(cache, CACHED_OBJECTS, namespaced=False)  # no discovery needed
+        self._loop = FleetLoop(f"replication {name}", FleetController(gvr, self._create, workers), clients,
+                               fence=fence, metrics_registry=metrics_registry, on_join=self._joined)
+        # Informer series are labelled by GVR only: every replication watches CachedObjects, and a shared registry
+        # would let one's informer overwrite (and, as it stops, remove) another's.
+        self._wrappers = SharedIndexInformer(
+            cache, CACHED_OBJECTS, label_selector=schema_selector(gvr), transform=drop_managed_fields,
+            indexers={_BY_CLUSTER: _wrapper_cluster}, metrics=InformerMetrics.for_registry(CollectorRegistry()))
+        self._registration: HandlerRegistration | None = None
+        self._running = False
+
+    # -- ClusterHandler ----------------------------------------------------------------------------------
+    def add_cluster(self, ctx: ClusterContext, name: str, cluster: Cluster) -> None:
+        """Replicate from ``cluster`` (from when its informer of the GVR has synced until it leaves)."""
+        self._loop.add_cluster(ctx, name, cluster)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Watch the schema's wrappers in the cache, and once that cache has synced, reconcile until cancelled
+        (once per Replication). The wrapper informer stops on the way out (kcp's child informers outlived the
+        child)."""
+        if self._running:
+            raise RuntimeError(f"replication {self.name} is already running")
+        self._running = True
+        self._wrappers.start()
+        try:
+            await self._wrappers.wait_for_sync()
+            await self._loop.run()
+        finally:
+            if self._registration is not None:
+                await self._wrappers.remove_event_handler(self._registration)
+                self._registration = None
+            await self._wrappers.stop()
+            self._running = False
+
+    async def close(self) -> None:
+        """Detach from every cluster (their informers leave the union; clusters added later are ignored)."""
+        await self._loop.close()
+
+    def synced(self) -> bool:
+        """Whether the reconciles run: the wrappers' cache has synced and is mapped to requests, and so have the
+        source caches of every cluster that has joined."""
+        return self._registration is not None and self._wrappers.has_synced() and self._loop.union.has_synced()
+
+    def counts(self) -> dict[str, int]:
+        """``local``: source objects matching the selector, across the joined clusters; ``cache``: this schema's
+        wrappers. Both read the informers, no request."""
+        return {"local": len(self._loop.union.lister.list(label_selector=self.selector)),
+                "cache": len(self._wrappers.store)}
+
+    def status(self) -> dict[str, Any]:
+        """The fleet loop's status (clusters, queue, reconciles and errors) with the counts."""
+        return {**self._loop.status(), **self.counts(), "synced": self.synced()}
+
+    async def purge(self) -> int:
+        """Delete every wrapper of this schema in the cache (of every cluster and identity); returns how many are
+        left (0: done; more when one is held by a finalizer or was created meanwhile: call again). Raises while
+        the cache cannot be reached. Call it once replication has stopped, or the reconciles restore them."""
+        selector = schema_selector(self.gvr)
+        try:
+            wrappers = await self._objects.list(label_selector=selector)
+        except NotFound:
+            return 0  # the CachedObject resource itself is gone from the cache: no wrapper can be left
+        gate = asyncio.Semaphore(_PURGE_CONCURRENCY)
+
+        async def delete(name: str) -> None:
+            async with gate:
+                try:
+                    await self._objects.delete(name)
+                except NotFound:
+                    pass
+
+        await asyncio.gather(*(delete(w["metadata"]["name"]) for w in wrappers))
+        left = len(await self._objects.list(label_selector=selector))
+        self._log.info("replication {}: purged {} wrappers of {}, {} left", self.name, len(wrappers) - left,
+                       self.gvr, left)
+        return left
+
+    # -- the reconciler ----------------------------------------------------------------------------------
+    def _create(self, ctx: FleetContext) -> "_Reconciler":
+        # Called by the loop's run() once its work queue exists: wrapper events queued before would be lost.
+        # The registration replays every wrapper, so each maps back to its source request at start.
+        if self._registration is None:
+            self._registration = self._wrappers.add_event_handler(
+                FuncHandler(self._map_initial, self._map_update, self._map), name=self._loop.name)
+        return _Reconciler(self, ctx)
+
+    def _map_initial(self, wrapper: Obj, is_in_initial_list: bool) -> None:
+        # The union replays every source of the joined clusters right after this: a wrapper whose source is there
+        # would only be reconciled twice (the second time against a cache that may not show the first's write yet,
+        # a PUT bound to fail with a Conflict).
+        if not (is_in_initial_list and self._source_cached(wrapper)):
+            self._map(wrapper)
+
+    def _map(self, wrapper: Obj | DeletedFinalStateUnknown) -> None:
+        obj = wrapper.obj if isinstance(wrapper, DeletedFinalStateUnknown) else wrapper
+        request = _source_request(obj)
+        if request is not None:
+            self._loop.enqueue(request)
+
+    def _map_update(self, old: Obj, new: Obj) -> None:
+        # Both: a label edited by hand maps the new state to another source, and the wrapper's own source (the
+        # old mapping) must restore it.
+        before, after = _source_request(old), _source_request(new)
+        for request in {before, after} - {None}:
+            assert request is not None
+            self._loop.enqueue(request)
+
+    def _joined(self, cluster: str) -> None:
+        """A cluster's source informer is in the union: revisit the wrappers recorded for it, whose sources may
+        have gone while it was away (no event of the cluster would name them)."""
+        for wrapper in self._wrappers.store.by_index(_BY_CLUSTER, cluster):
+            if not self._source_cached(wrapper):  # the others come with the union's replay of the cluster
+                self._map(wrapper)
+
+    def _source_cached(self, wrapper: Obj) -> bool:
+        """Whether the wrapper's source is in its cluster's cache (False when that cluster has not joined)."""
+        request = _source_request(wrapper)
+        try:
+            return request is not None and self._loop.context.get(request) is not None
+        except ClusterNotFound:
+            return False
+
+    def _wanted(self, source: Obj | None) -> bool:
+        """Whether ``source`` should have a wrapper: it exists, matches, and is not past its last finalizer."""
+        if source is None:
+            return False
+        meta = source["metadata"]
+        if not self.selector.matches(meta.get("labels")):
+            return False
+        return not (meta.get("deletionTimestamp") and not meta.get("finalizers"))
+
+    async def _sync(self, ctx: FleetContext, cluster: str, request: Request) -> Result | None:
+        """Make the wrapper of ``request`` in ``cluster`` what its source says (one reconcile)."""
+        source = ctx.get(ClusterRequest(cluster, request.name, request.namespace))
+        name = wrapper_name(self.gvr, request.name, request.namespace, cluster)
+        wrapper = self._wrappers.lister.get(name)
+        if not self._wanted(source):
+            if wrapper is not None:
+                try:
+                    await self._objects.delete(name)
+                except NotFound:
+                    pass
+                self._log.debug("replication {}: deleted {} ({}/{})", self.name, name, display_name(cluster), request)
+            return None
+        assert source is not None
+        desired = wrapper_for(self.gvr, source, cluster, self.identity_hash)
+        if wrapper is None:
+            try:
+                await self._objects.create(desired)
+                return None
+            except AlreadyExists:
+                # Not in this informer (yet): a create racing it, or a wrapper whose schema label was removed.
+                try:
+                    wrapper = await self._objects.get(name)
+                except NotFound:
+                    return Result(requeue=True)
+                other = ((wrapper.get("metadata") or {}).get("labels") or {}).get(LABEL_SCHEMA)
+                if other is not None and not is_wrapper_of_schema(wrapper, self.gvr):
+                    # The seed's one name ambiguity (see naming): another schema's wrapper has this name. Taking
+                    # it over would start a tug of war with that schema's replication.
+                    raise TerminalError(f"cached object {name} belongs to schema {other}, not {schema(self.gvr)}")
+        if _current(wrapper, desired):
+            return None
+        try:
+            await self._objects.update(_updated(wrapper, desired))
+        except (Conflict, NotFound):
+            return Result(requeue=True)  # the wrapper changed or went meanwhile: its event is on the way
+        return None
+
+
+class _Reconciler:
+    """The FleetReconciler: present and gone sources alike go through ``Replication._sync``."""
+
+    def __init__(self, replication: Replication, ctx: FleetContext) -> None:
+        self.replication, self.ctx = replication, ctx
+
+    async def reconcile(self, cluster: str, request: Request) -> Result | None:
+        return await self.replication._sync(self.ctx, cluster, request)
+
+    async def reconcile_deletion(self, cluster: str, request: Request) -> Result | None:
+        return await self.replication._sync(self.ctx, cluster, request)
+
+
+def _source_request(wrapper: Obj) -> ClusterRequest | None:
+    try:
+        cluster, namespace, name = source_of(wrapper)
+    except (KeyError, TypeError, ValueError):
+        logger.debug("cached object {} names no source; ignored", (wrapper.get("metadata") or {}).get("name"))
+        return None
+    return ClusterRequest(cluster, name, namespace or None)
+
+
+def _wrapper_cluster(wrapper: Obj) -> Iterable[str]:
+    request = _source_request(wrapper)
+    return [request.cluster] if request is not None else []
+
+
+def _current(wrapper: Obj, desired: Obj) -> bool:
+    """Whether ``wrapper`` already says what ``desired`` does: the same spec (the source object, whose recorded
+    resourceVersion is among the annotations) and every label and annotation of ours with our value."""
+    if wrapper.get("spec") != desired.get("spec"):
+        return False
+    have, want = wrapper.get("metadata") or {}, desired["metadata"]
+    return all(_contains(have.get(field), want.get(field)) for field in ("labels", "annotations"))
+
+
+def _contains(have: dict[str, str] | None, want: dict[str, str] | None) -> bool:
+    have = have or {}
+    return all(have.get(k) == v for k, v in (want or {}).items())
+
+
+def _updated(wrapper: Obj, desired: Obj) -> Obj:
+    """The PUT body: ``desired`` (ours to change) at the wrapper's resourceVersion, keeping what others added to
+    its metadata."""
+    body = desired
+    have, meta = wrapper.get("metadata") or {}, body["metadata"]
+    meta["resourceVersion"] = have["resourceVersion"]
+    for field in ("labels", "annotations"):
+        merged = {**(have.get(field) or {}), **(meta.get(field) or {})}
+        if merged:
+            meta[field] = merged
+    for field in _KEPT_METADATA:
+        if have.get(field):
+            meta[field] = deep_copy(have[field])
+    return body
+
+
+__all__ = ["Replication"]
