@@ -270,12 +270,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 logger.warning("controller {} requires {}, which the settings exclude ({}): it would wait forever; "
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
     print(json.dumps(settings.masked(), indent=2, default=str))
-    fleet = getattr(controllers, "fleet", {})
+    fleet = sorted(getattr(controllers, "fleet", {}))
+    components = sorted(c.name for c in getattr(controllers, "components", ()))
     print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}" +
-          (f"; {len(fleet)} fleet controller(s): {', '.join(sorted(fleet))}" if fleet else ""))
-    if fleet and not settings.clusters.enabled:
+          (f"; {len(fleet)} fleet controller(s): {', '.join(fleet)}" if fleet else "") +
+          (f"; {len(components)} fleet component(s): {', '.join(components)}" if components else ""))
+    if (fleet or components) and not settings.clusters.enabled:
         logger.warning("fleet controller(s) {} run only in multi-cluster mode; set [clusters] enabled = true",
-                       ", ".join(sorted(fleet)))
+                       ", ".join(fleet + components))
     print(f"credentials OK: API server {host} (not contacted)" if host else
           "credentials: not checked (--local: a local control plane brings its own)")
     return 0
