@@ -24,6 +24,8 @@ Differences from kcp, and why:
   compares every source with its wrapper and writes nothing (a reconcile against a cache still filling would
   take every wrapper for missing and POST it again).
 - Counts come from the two informers (kcp LISTs the cache on every reconcile).
+- While the cache does not answer, the requests it holds up wait for it to answer again and are then all retried
+  at once; per-item backoff would leave the items that failed most stale for about as long as the outage lasted.
 - ``purge`` lists by label on the cache only: it needs neither the source GVR nor any source cluster, so it works
   when the source CRD is gone, and it raises while the cache is unreachable, so the caller retries.
 """
@@ -46,7 +48,9 @@ from informers import (
     HandlerRegistration, InformerMetrics, LabelSelector, NotFound, ResourceClient, SharedIndexInformer, deep_copy,
     drop_managed_fields,
 )
+from informers.client import CONNECTION_ERRORS
 from informers.store import Obj
+from informers.wait import wait_first
 
 from .naming import (
     CACHED_OBJECTS, LABEL_SCHEMA, is_wrapper_of_schema, schema, schema_selector, source_of, wrapper_for, wrapper_name,
@@ -54,6 +58,7 @@ from .naming import (
 
 _BY_CLUSTER = "cache.kcp.io/source-cluster"  # the cache informer's index: wrappers by source cluster
 _PURGE_CONCURRENCY = 16
+_STALL_RETRY = 30.0  # seconds a request held up by the cache waits at most before it is tried again anyway
 # Metadata a wrapper may carry from others (consumers, admins): an update keeps it rather than reverting it.
 _KEPT_METADATA = ("finalizers", "ownerReferences")
 
@@ -87,6 +92,8 @@ class Replication:
             indexers={_BY_CLUSTER: _wrapper_cluster}, metrics=InformerMetrics.for_registry(CollectorRegistry()))
         self._registration: HandlerRegistration | None = None
         self._running = False
+        self._stalled: set[ClusterRequest] = set()  # requests held up by an unreachable cache
+        self._waiter: asyncio.Task[None] | None = None
 
     # -- ClusterHandler ----------------------------------------------------------------------------------
     def add_cluster(self, ctx: ClusterContext, name: str, cluster: Cluster) -> None:
@@ -106,6 +113,9 @@ class Replication:
             await self._wrappers.wait_for_sync()
             await self._loop.run()
         finally:
+            if self._waiter is not None:
+                self._waiter.cancel()
+                await asyncio.gather(self._waiter, return_exceptions=True)
             if self._registration is not None:
                 await self._wrappers.remove_event_handler(self._registration)
                 self._registration = None
@@ -210,7 +220,34 @@ class Replication:
         return not (meta.get("deletionTimestamp") and not meta.get("finalizers"))
 
     async def _sync(self, ctx: FleetContext, cluster: str, request: Request) -> Result | None:
-        """Make the wrapper of ``request`` in ``cluster`` what its source says (one reconcile)."""
+        """Make the wrapper of ``request`` in ``cluster`` what its source says (one reconcile). While the cache does
+        not answer, the request waits for it to answer again (``_stall``) instead of backing off on its own."""
+        since = self.cache.recoveries
+        try:
+            return await self._converge(ctx, cluster, request)
+        except CONNECTION_ERRORS as e:
+            self._stall(ClusterRequest(cluster, request.name, request.namespace), since, e)
+            return None
+
+    def _stall(self, request: ClusterRequest, since: int, error: BaseException) -> None:
+        """Park ``request`` until any request to the cache succeeds again (at most ``_STALL_RETRY`` seconds): an
+        outage then ends with one prompt retry of everything it held up, where per-item backoff would have left
+        the items that failed most waiting about as long again, each failure logged with its traceback."""
+        self._stalled.add(request)
+        if self._waiter is None or self._waiter.done():
+            self._log.warning("replication {}: the cache is not answering ({!r}); {} waits for it", self.name, error,
+                              request)
+            self._waiter = asyncio.create_task(self._resume(since), name=f"replication {self.name} resume")
+
+    async def _resume(self, since: int) -> None:
+        await wait_first(self.cache.answered_again(since), timeout=_STALL_RETRY)
+        stalled, self._stalled = self._stalled, set()
+        self._log.info("replication {}: retrying {} request(s) held up by the cache", self.name, len(stalled))
+        for request in stalled:
+            self._loop.queue.forget(request)
+            self._loop.enqueue(request)
+
+    async def _converge(self, ctx: FleetContext, cluster: str, request: Request) -> Result | None:
         source = ctx.get(ClusterRequest(cluster, request.name, request.namespace))
         name = wrapper_name(self.gvr, request.name, request.namespace, cluster)
         wrapper = self._wrappers.lister.get(name)
