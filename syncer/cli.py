@@ -183,10 +183,21 @@ def _register_members(management: Any, workloads: Sequence[Any]) -> None:
                 data={"kubeconfig": base64.b64encode(cp.kubeconfig.read_bytes()).decode()}))
 
 
+def _install_shipped_crds(management: Any) -> None:
+    """The CRDs the project ships (deploy/crds: the cached resources'), on a fresh local plane."""
+    from .builtin.cached_resources.root import CRDS
+
+    with kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+            str(management.kubeconfig), context="admin") as api:
+        for path in sorted(CRDS.glob("*.json")):
+            kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(json.loads(path.read_text()))
+
+
 def _use_local_planes(settings: Settings, planes: Sequence[Any]) -> Settings:
     """The settings for running against local planes: the first is the management plane, the others become
     members. Prints how to reach each plane."""
     cp, workloads = planes[0], planes[1:]
+    _install_shipped_crds(cp)
     settings = replace(settings, kubeconfig=str(cp.kubeconfig), context="admin", in_cluster=False)
     example = "apply -f examples/crds/widget.json" if _WIDGET_EXAMPLE in settings.plugins else "api-resources"
     # With members, the plugins' controllers run in them (not here, unless include_local): the hint goes there.
