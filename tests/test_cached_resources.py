@@ -143,7 +143,7 @@ async def test_children_follow_the_source_crd_and_delete_does_not_hang_without_i
     source = control_plane_factory()
     await install_crds(api)
     wait_established(admin_client, "clustercachedresources.cache.kcp.io")
-    async with Running(api, fleet_ns):
+    async with Running(api, fleet_ns) as running:
         await put_secret(api, fleet_ns, "src", kubeconfig(source))
         await ccr(api, "gadgets", GADGETS)
 
@@ -161,6 +161,20 @@ async def test_children_follow_the_source_crd_and_delete_does_not_hang_without_i
             objects.create_namespaced_custom_object("cache-test.example.com", "v1", "default", "gadgets", {
                 "apiVersion": "cache-test.example.com/v1", "kind": "Gadget", "metadata": {"name": "g1"}})
         await eventually(lambda: _count(api, GADGETS, 1), 60, "the gadget to be replicated")
+        replication = running.component._children["gadgets"].replication
+        assert replication._loop.union.clusters() == ["src"]
+        with kube_client(source) as k:
+            kubernetes.client.ApiextensionsV1Api(k).delete_custom_resource_definition("gadgets.cache-test.example.com")
+        # The child's source informer goes with the CRD...
+        await eventually(lambda: replication._loop.union.clusters() == [], 60, "the source informer to leave")
+        with kube_client(source) as k:  # ...and comes back with it: replication resumes
+            create_crd(k, "cache-test.example.com", "gadgets", "Gadget")
+            wait_established(k, "gadgets.cache-test.example.com")
+            kubernetes.client.CustomObjectsApi(k).create_namespaced_custom_object(
+                "cache-test.example.com", "v1", "default", "gadgets",
+                {"apiVersion": "cache-test.example.com/v1", "kind": "Gadget", "metadata": {"name": "g2"}})
+        await eventually(lambda: _names(api, GADGETS, ["src.v1.gadgets.cache-test.example.com.default.g2"]), 60,
+                         "replication to resume with the recreated CRD")
         with kube_client(source) as k:
             kubernetes.client.ApiextensionsV1Api(k).delete_custom_resource_definition("gadgets.cache-test.example.com")
         await asyncio.sleep(2)
@@ -171,6 +185,10 @@ async def test_children_follow_the_source_crd_and_delete_does_not_hang_without_i
 
 async def _count(api: ApiClient, gvr: GVR, n: int) -> bool:
     return len(await wrappers(api, gvr)) == n
+
+
+async def _names(api: ApiClient, gvr: GVR, expected: list[str]) -> bool:
+    return sorted(w["metadata"]["name"] for w in await wrappers(api, gvr)) == expected
 
 
 async def _absent(api: ApiClient, name: str) -> bool:
