@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
-from typing import Any, Awaitable, Callable
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from informers import GVR, ApiClient, ApiError
 
@@ -64,3 +66,14 @@ async def apiserver_requests(api: ApiClient, verb: str, resource: str) -> float:
                 and re.search(rf'[{{,]resource="{resource}"', line):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+@contextlib.asynccontextmanager
+async def fresh_namespace(api: ApiClient, prefix: str) -> AsyncIterator[str]:
+    """A namespace of its own for one test (deleted afterwards)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        await api.request("DELETE", f"/api/v1/namespaces/{name}")

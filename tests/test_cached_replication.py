@@ -23,7 +23,7 @@ from informers import GVR, ApiClient, LabelSelector, NotFound, ResourceClient
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
 
-from .helpers import CONFIGMAPS, create_configmaps, eventually
+from .helpers import CONFIGMAPS, create_configmaps, eventually, fresh_namespace
 from .kube import create_crd, wait_established
 from .test_multicluster import delete_secret, kubeconfig, options, put_secret
 
@@ -78,18 +78,14 @@ async def src(source: ControlPlane) -> AsyncIterator[ApiClient]:
 
 @pytest.fixture
 async def secrets_ns(api: ApiClient) -> AsyncIterator[str]:
-    name = f"cr-{uuid.uuid4().hex[:8]}"
-    await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    yield name
-    await api.request("DELETE", f"/api/v1/namespaces/{name}")
+    async with fresh_namespace(api, "cr") as name:
+        yield name
 
 
 @pytest.fixture
 async def src_ns(src: ApiClient) -> AsyncIterator[str]:
-    name = f"src-{uuid.uuid4().hex[:8]}"
-    await src.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    yield name
-    await src.request("DELETE", f"/api/v1/namespaces/{name}")
+    async with fresh_namespace(src, "src") as name:
+        yield name
 
 
 @contextlib.asynccontextmanager

@@ -24,7 +24,7 @@ from syncer.testing.pytest_plugin import kube_client
 from syncer.webhook import Allow, Deny
 from syncer.webhook.review import parse_review
 
-from .helpers import CONFIGMAPS, eventually
+from .helpers import CONFIGMAPS, eventually, fresh_namespace
 from .kube import create_crd, wait_established
 from .test_multicluster import kubeconfig, options, put_secret
 
@@ -33,10 +33,8 @@ GADGETS = GVR("cache-test.example.com", "v1", "gadgets")
 
 @pytest.fixture
 async def fleet_ns(api: ApiClient) -> AsyncIterator[str]:
-    name = f"cache-{uuid.uuid4().hex[:8]}"
-    await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    yield name
-    await api.request("DELETE", f"/api/v1/namespaces/{name}")
+    async with fresh_namespace(api, "cache") as name:
+        yield name
 
 
 class Running:

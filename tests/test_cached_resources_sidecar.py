@@ -38,6 +38,7 @@ from syncer.settings import Clusters, Settings, Webhooks
 from syncer.testing import ControlPlane
 
 from .helpers import CONFIGMAPS, create_configmaps, eventually
+from .test_cached_resources import get_ccr
 from .test_multicluster import kubeconfig, put_secret
 from .test_multicluster_sidecar import free_port
 
@@ -128,14 +129,6 @@ def ccr_body(name: str, group: str = "", selector: dict[str, Any] | None = None)
     return {"apiVersion": "cache.kcp.io/v1alpha1", "kind": "ClusterCachedResource", "metadata": {"name": name},
             "spec": {"group": group, "version": "v1", "resource": "configmaps",
                      **({"labelSelector": selector} if selector is not None else {})}}
-
-
-async def get_ccr(api: ApiClient, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = await api.request("GET", CLUSTER_CACHED_RESOURCES.path(name=name))
-        return obj
-    except NotFound:
-        return None
 
 
 async def ccr_ready(api: ApiClient, name: str, local: int, cache: int) -> bool:

@@ -13,7 +13,6 @@ import gc
 import json
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,7 +30,7 @@ from informers import GVR, ApiClient, ClusterNotFound
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
 
-from .helpers import CONFIGMAPS, eventually
+from .helpers import CONFIGMAPS, eventually, fresh_namespace
 from .kube import create_crd, wait_established
 
 SECRETS = GVR("", "v1", "secrets")
@@ -141,10 +140,8 @@ class FleetRecorder:
 
 @pytest.fixture
 async def fleet_ns(api: ApiClient) -> Any:
-    name = f"fleet-{uuid.uuid4().hex[:8]}"
-    await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    yield name
-    await api.request("DELETE", f"/api/v1/namespaces/{name}")
+    async with fresh_namespace(api, "fleet") as name:
+        yield name
 
 
 def options(ns: str, **kw: Any) -> RegistryOptions:
