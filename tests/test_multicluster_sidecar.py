@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from dataclasses import replace
@@ -37,6 +36,7 @@ from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
 
 from .helpers import CONFIGMAPS, eventually
+from .test_examples import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = "/api/v1/namespaces/{}/secrets"
@@ -194,15 +194,6 @@ def test_run_local_with_clusters(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "syncer", "run", "--local", "--clusters", "1", "--settings",
                              str(settings)], cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
-    def wait(check: Any, what: str, timeout: float = 45) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if proc.poll() is not None:
-                raise AssertionError(f"syncer exited ({proc.returncode}) waiting for {what}:\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
-
     def member() -> dict[str, Any]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
@@ -211,7 +202,7 @@ def test_run_local_with_clusters(tmp_path: Path) -> None:
             return {}
 
     try:
-        wait(lambda: member().get("ready"), "member cluster-1 to be ready")
+        wait_until(lambda: member().get("ready"), "member cluster-1 to be ready", proc, log, timeout=45)
         found = re.search(r"^workload control plane workload-1 at \S+; kubeconfig: (\S+); member cluster-1 "
                           r"\(Secret kube-syncer-clusters/cluster-1\)$", log.read_text(), re.M)
         assert found, log.read_text()
@@ -237,7 +228,7 @@ def test_run_local_with_clusters(tmp_path: Path) -> None:
                 except kubernetes.client.ApiException:
                     return False
 
-            wait(mirrored, "the mirror in the workload plane", timeout=20)
+            wait_until(mirrored, "the mirror in the workload plane", proc, log, timeout=20)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
         assert not workload.parent.exists(), "the workload plane was not stopped"
