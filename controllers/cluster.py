@@ -21,6 +21,8 @@ from loguru import logger
 
 from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory
 
+from .fence import OPEN, Fence
+
 LOCAL_CLUSTER = ""
 """The name of the management cluster itself (skv2's ``LocalCluster``), a member when ``include_local`` is set."""
 
@@ -68,15 +70,17 @@ class Condition:
 
 
 class Cluster:
-    """A connected member cluster: ``client`` (owned by the registry: do not close it) and ``factory`` (its own
-    API discovery; informers run for the GVRs that some controller requires)."""
+    """A connected member cluster: ``client`` (owned by the registry: do not close it), ``factory`` (its own
+    API discovery; informers run for the GVRs that some controller requires) and ``fence``, under which work in
+    it runs (the leadership term, or with sharding this replica's tenure of the cluster)."""
 
     def __init__(self, name: str, source: str, client: ApiClient,
-                 factory: DiscoveringDynamicSharedInformerFactory) -> None:
+                 factory: DiscoveringDynamicSharedInformerFactory, fence: Fence = OPEN) -> None:
         self.name = name
         self.source = source
         self.client = client
         self.factory = factory
+        self.fence = fence
 
     def not_synced(self, required: Iterable[GVR]) -> list[GVR]:
         """The ``required`` GVRs this cluster serves whose informers have not synced (or report an error)."""

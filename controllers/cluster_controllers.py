@@ -41,7 +41,7 @@ class ClusterControllers:
             fence=fence, workers=workers, resync_period=resync_period, stop_timeout=stop_timeout,
             start_timeout=start_timeout, supervisor=supervisor, metrics_registry=metrics_registry)
         self._managers: dict[str, ControllerManager] = {}
-        self._stuck: list[str] = []
+        self._stuck: dict[str, list[str]] = {}  # cluster name -> its controllers that did not stop
         self._closed = False  # stopped: a cluster engaged late gets no manager (nobody would stop it)
         # Per cluster: its managers change one at a time (rotation: stop old, start new), others never wait.
         self._lock_for = NamedLocks()
@@ -55,11 +55,14 @@ class ClusterControllers:
                 return
             old = self._managers.pop(name, None)
             if old is not None:
-                self._stuck += [qualified(n, name) for n in await old.stop()]
+                self._note_stuck(name, await old.stop())
             if self._closed or ctx.cancelled():  # stopped, or this connection went, while the old one stopped
                 return
+            options = dict(self._options)
+            if cluster.fence is not OPEN:  # sharding: this replica's tenure of the cluster
+                options["fence"] = cluster.fence
             manager = ControllerManager(f"{self.name}/{display_name(name)}", cluster.factory, self.controllers,
-                                        client=cluster.client, cluster=name, **self._options)
+                                        client=cluster.client, cluster=name, **options)
             self._managers[name] = manager
             ctx.add_cleanup(lambda: self._stop(name, manager))
             await manager.start()  # awaits nothing: stop() sees this manager, or add_cluster sees _closed
@@ -68,7 +71,15 @@ class ClusterControllers:
         async with self._lock_for(name):
             if self._managers.get(name) is manager:  # a newer connection's manager is left alone
                 del self._managers[name]
-            self._stuck += [qualified(n, name) for n in await manager.stop()]
+            self._note_stuck(name, await manager.stop())
+
+    def _note_stuck(self, cluster: str, names: list[str]) -> None:
+        if names:
+            self._stuck.setdefault(cluster, []).extend(names)
+
+    def take_stuck(self, cluster: str) -> list[str]:
+        """The controllers of ``cluster`` that did not stop when it left or was replaced (qualified names), once."""
+        return [qualified(n, cluster) for n in self._stuck.pop(cluster, [])]
 
     async def stop(self) -> list[str]:
         """Stop every cluster's manager, and start no more; the names of controllers that did not stop (see
@@ -76,10 +87,9 @@ class ClusterControllers:
         self._closed = True
         managers, self._managers = dict(self._managers), {}
         results = await asyncio.gather(*(m.stop() for m in managers.values()))
-        stuck = self._stuck + [qualified(n, name) for name, names in zip(managers, results)
-                               for n in names]
-        self._stuck = []
-        return stuck
+        for name, names in zip(managers, results):
+            self._note_stuck(name, names)
+        return [n for name in list(self._stuck) for n in self.take_stuck(name)]
 
     def status(self) -> dict[str, list[dict[str, Any]]]:
         """Every cluster's controllers, as ``ControllerStatus.as_dict()``, by cluster name."""
@@ -89,8 +99,8 @@ class ClusterControllers:
         """``{name, healthy, message}`` per controller per cluster; only a stuck one is unhealthy: one failing in
         one member cluster (that cluster unreachable, say) is that cluster's problem, shown in its status, and
         restarting this process would not fix it."""
-        stopped_stuck = [{"name": n, "healthy": False, "message": "did not stop when its cluster left or was "
-                          "replaced"} for n in self._stuck]
+        stopped_stuck = [{"name": qualified(n, cluster), "healthy": False, "message": "did not stop when its "
+                          "cluster left or was replaced"} for cluster, names in self._stuck.items() for n in names]
         return stopped_stuck + [{"name": qualified(st.name, name), "healthy": st.state != "stuck",
                                  "message": st.last_error if st.state in ("stuck", "backoff") else st.state}
                                 for name, m in sorted(self._managers.items()) for st in m.status().values()]

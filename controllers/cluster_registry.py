@@ -38,6 +38,7 @@ import enum
 import re
 import weakref
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from loguru import logger
@@ -70,6 +71,8 @@ NAME_ANNOTATION = "kube-syncer.io/cluster-name"
 _CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 FactoryMaker = Callable[[ApiClient, str], DiscoveringDynamicSharedInformerFactory]
+# Sharding: the fence under which this replica may run a cluster now, or None when another replica should.
+Gate = Callable[[str], Fence | None]
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ class _Member:
         self.factory: DiscoveringDynamicSharedInformerFactory | None = None
         self.cluster: Cluster | None = None
         self.ctx: ClusterContext | None = None
+        self.fence: Fence = OPEN
+        self.up = asyncio.Event()  # set once the handlers have been told
 
     @property
     def local(self) -> bool:
@@ -145,19 +150,24 @@ class ClusterRegistry:
     factory's ``watch="required"``); ``make_factory(client, name)`` builds a member's factory (by default one
     watching only what is required); ``local_factory`` is the management cluster's own, reused for the local
     member. ``fence``: the leadership term, applied to ``clients``.
+
+    ``gate`` (sharding, see ``syncer/shards.py``): the fence of each cluster while this replica owns it, None
+    for the others; Secrets of clusters not owned here are known (``candidates()``) but not connected to, until
+    ``engage`` (after the gate opened) or ``disengage`` (after it closed) is called.
     """
 
     def __init__(
         self, management: ApiClient, options: RegistryOptions = RegistryOptions(), *, required: Iterable[GVR] = (),
         make_factory: FactoryMaker | None = None, local_factory: DiscoveringDynamicSharedInformerFactory | None = None,
         fence: Fence = OPEN, supervisor: Supervisor | None = None, metrics_registry: CollectorRegistry | None = None,
-        name: str = "clusters",
+        name: str = "clusters", gate: Gate | None = None,
     ) -> None:
         self.management = management
         self.options = options
         self.required = frozenset(required)
         self.name = name
         self.fence = fence
+        self._gate: Gate = gate or (lambda _: fence)
         self.clients = ClusterClients(self, fence)
         self._make_factory = make_factory or _default_factory
         self._local_factory = local_factory
@@ -167,6 +177,7 @@ class ClusterRegistry:
         self._by_secret: dict[str, str] = {}  # secret key -> the cluster name it registered
         self._conflicts: dict[str, _Conflict] = {}  # secret key -> why it is not registered
         self._tasks: set[asyncio.Task[None]] = set()
+        self._leaving: dict[str, set[asyncio.Task[None]]] = {}  # cluster name -> its cancelled members' tasks
         # Per cluster name: its handler calls (add, cleanups, remove) run one at a time, in order; another
         # cluster's never wait for them (a slow controller stop in one delays no other).
         self._lock_for = NamedLocks()
@@ -228,6 +239,31 @@ class ClusterRegistry:
                 names.append(name)
         return sorted(names)
 
+    def candidates(self) -> set[str]:
+        """Every cluster named by a Secret (or the local one, if included), engaged here or not."""
+        names = set(self._by_secret.values()) | set(self._members)
+        return names | {LOCAL_CLUSTER} if self.options.include_local else names
+
+    async def engage(self, name: str) -> None:
+        """Connect to cluster ``name`` now that the gate lets this replica run it; return once its handlers have
+        been told (while it is retrying, this waits)."""
+        if name == LOCAL_CLUSTER and self.options.include_local and name not in self._members:
+            self._add(_Member(LOCAL_CLUSTER, "local", None))
+        for key in sorted(k for k, n in self._by_secret.items() if n == name):
+            self._sync(key)
+        member = self._members.get(name)
+        if member is not None:
+            await member.up.wait()
+
+    async def disengage(self, name: str) -> None:
+        """Stop cluster ``name`` here (handlers' cleanups, informers, connections), awaited; the gate has closed."""
+        member = self._members.get(name)
+        if member is not None:
+            self._remove(member, "another replica runs it now")
+        leaving = self._leaving.get(name)
+        if leaving:  # this one, or one whose Secret went just before
+            await asyncio.wait(set(leaving))
+
     def synced(self) -> bool:
         """True once every Secret informer has synced and every Secret they hold has been processed once (skv2's
         users asked for "all initial clusters are registered"; members may still be connecting)."""
@@ -258,7 +294,7 @@ class ClusterRegistry:
         if self._started:
             return
         self._started = True
-        if self.options.include_local:
+        if self.options.include_local and self._gate(LOCAL_CLUSTER) is not None:
             self._add(_Member(LOCAL_CLUSTER, "local", None))
         for inf in self._informers:
             inf.start()
@@ -336,6 +372,8 @@ class ClusterRegistry:
             return
         self._conflicts.pop(key, None)
         self._by_secret[key] = name
+        if self._gate(name) is None:  # another replica's (one engaged here leaves by ``disengage``)
+            return
         data = _kubeconfig_bytes(secret, self.options.data_key)
         if holder is not None and holder.digest == (kubeconfig_hash(data) if data is not None else ""):
             return  # an identical kubeconfig: nothing restarts
@@ -357,6 +395,7 @@ class ClusterRegistry:
             self._add(_Member(name, source, data))
 
     def _add(self, m: _Member) -> None:
+        m.fence = self._gate(m.name) or self.fence
         self._members[m.name] = m
         m.task = self._spawn(self._run(m), f"cluster {display_name(m.name)}")
 
@@ -385,9 +424,19 @@ class ClusterRegistry:
         while member is not None and not member.cancelled:
             member.cancelled = True
             member.state = MemberState.STOPPING
-            if member.task is not None:
+            if member.task is not None and not member.task.done():
                 member.task.cancel()
+                leaving = self._leaving.setdefault(member.name, set())
+                leaving.add(member.task)
+                member.task.add_done_callback(partial(self._left, member.name))
             member = member.replaces
+
+    def _left(self, name: str, task: asyncio.Task[None]) -> None:
+        leaving = self._leaving.get(name)
+        if leaving is not None:
+            leaving.discard(task)
+            if not leaving:
+                del self._leaving[name]
 
     # -- one member --------------------------------------------------------------------------------------
     async def _run(self, m: _Member) -> None:
@@ -448,7 +497,7 @@ class ClusterRegistry:
             await factory.start()
         m.conditions[ConditionType.DISCOVERED].set(True, "Discovered", f"{len(factory.status())} GVRs served")
         m.state = MemberState.SYNCING
-        cluster = Cluster(m.name, m.source, client, factory)
+        cluster = Cluster(m.name, m.source, client, factory, m.fence)
         if not await self._wait_synced(cluster, o.sync_timeout):
             missing = ", ".join(map(str, cluster.not_synced(self.required)))
             m.conditions[ConditionType.SYNCED].set(False, "SyncTimeout", f"not synced within {o.sync_timeout:g}s: "
@@ -484,6 +533,7 @@ class ClusterRegistry:
             for handler in list(self._handlers):  # one registered meanwhile is told by its registration
                 await self._tell(m, handler)
             m.replaces = None
+            m.up.set()
             if old is not None:
                 self._cancel(old)
         self._log.info("cluster {} is up ({})", display_name(m.name), m.conditions[ConditionType.CONNECTED].message)
@@ -580,7 +630,8 @@ class ClusterClients:
 
     def cluster(self, name: str) -> ApiClient:
         """The API client of cluster ``name``; ClusterNotFound if it is not up."""
-        return fenced(self._registry.cluster(name).client, self._fence)
+        cluster = self._registry.cluster(name)
+        return fenced(cluster.client, cluster.fence if cluster.fence is not OPEN else self._fence)
 
     def resource(self, name: str, gvr: GVR, field_manager: str | None = None) -> ResourceClient:
         """A ResourceClient of ``gvr`` in cluster ``name``."""

@@ -17,18 +17,17 @@ the old term's controllers must stop.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
 import socket
 import time
 import uuid
-from typing import Any
 
 from loguru import logger
 
 from informers import ApiClient, ApiError
 from informers.client import CONNECTION_ERRORS
 
+from .lease import LEASES_PATH, Observation, holder_spec, lease_body, released_spec
 from .settings import LeaderElection
 
 
@@ -36,10 +35,6 @@ def default_identity() -> str:
     """``<pod name>_<uuid>`` (``$POD_NAME``, set by the Deployment from the downward API; the host name outside a
     pod): unique per process, and ``kubectl get lease`` shows which pod leads."""
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4()}"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class _TermFence:
@@ -67,12 +62,15 @@ class LeaderElector:
         self.identity = identity or default_identity()
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{config.lease_namespace}/leases/{config.lease_name}"
         self.is_leader = False
-        self.observed_holder = ""
-        self._observed_record: tuple[Any, ...] | None = None
-        self._observed_at = 0.0
+        self._observed = Observation()
         self._last_renew = float("-inf")  # monotonic time the last successful acquire/renew was sent
         self._term = 0
         self._log = logger.bind(lease=f"{config.lease_namespace}/{config.lease_name}", identity=self.identity)
+
+    @property
+    def observed_holder(self) -> str:
+        """The holder of the lease as this candidate last saw it."""
+        return self._observed.holder
 
     def term_valid(self) -> bool:
         """Whether this replica leads now: it holds the lease and renewed it less than ``renew_deadline`` ago."""
@@ -114,7 +112,7 @@ class LeaderElector:
             lease = await self.client.request("GET", self.path, timeout=5)
             if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
-            lease["spec"].update(holderIdentity="", leaseDurationSeconds=1, renewTime=_now(), acquireTime=_now())
+            lease["spec"] = released_spec(lease["spec"])
             await self.client.request("PUT", self.path, body=lease, timeout=5)
             self._log.info("released the lease")
         except (ApiError, *CONNECTION_ERRORS) as e:
@@ -131,9 +129,7 @@ class LeaderElector:
 
     async def _attempt(self) -> bool:
         now = time.monotonic()
-        spec = {"holderIdentity": self.identity,
-                "leaseDurationSeconds": max(1, round(self.config.lease_duration)),
-                "acquireTime": _now(), "renewTime": _now(), "leaseTransitions": 0}
+        duration = self.config.lease_duration
         try:
             lease = await self.client.request("GET", self.path, timeout=self.config.renew_deadline)
         except ApiError as e:
@@ -142,36 +138,27 @@ class LeaderElector:
                 return False
             # Deleted under us: whoever recreates it leads at once, so our term ends here, win or lose.
             self.is_leader = False
+            spec = holder_spec(None, self.identity, duration)
             try:
                 ns = self.config.lease_namespace
-                await self.client.request("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", body={
-                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.config.lease_name, "namespace": ns}, "spec": spec})
+                await self.client.request("POST", LEASES_PATH.format(namespace=ns),
+                                          body=lease_body(ns, self.config.lease_name, spec))
             except ApiError as e2:
                 if e2.status != 409:
                     self._log.warning("cannot create the lease: {}", e2)
                 return False
-            self._observe(spec, now)
+            self._observed.see(spec, now)
             self._renewed(now)
             return True
         except CONNECTION_ERRORS as e:
             self._log.warning("cannot reach the API server for the lease: {}", _reason(e))
             return False
         current = lease.get("spec") or {}
-        holder = current.get("holderIdentity") or ""
-        record = (holder, current.get("renewTime"), current.get("leaseDurationSeconds"))
-        if record != self._observed_record:
-            self._observe(current, now)
-        duration = float(current.get("leaseDurationSeconds") or self.config.lease_duration)
-        if holder and holder != self.identity and self._observed_at + duration > now:
+        self._observed.see(current, now)
+        if not self._observed.free(self.identity, now):
             self.is_leader = False
             return False
-        if holder == self.identity:
-            spec["acquireTime"] = current.get("acquireTime") or spec["acquireTime"]
-            spec["leaseTransitions"] = current.get("leaseTransitions") or 0
-        else:
-            spec["leaseTransitions"] = (current.get("leaseTransitions") or 0) + 1
-        lease["spec"] = spec
+        lease["spec"] = spec = holder_spec(current, self.identity, duration)
         try:
             await self.client.request("PUT", self.path, body=lease, timeout=self.config.renew_deadline)
         except ApiError as e:
@@ -181,7 +168,7 @@ class LeaderElector:
         except CONNECTION_ERRORS as e:
             self._log.warning("cannot reach the API server for the lease: {}", _reason(e))
             return False
-        self._observe(spec, now)
+        self._observed.see(spec, now)
         self._renewed(now)
         return True
 
@@ -189,12 +176,6 @@ class LeaderElector:
         # Counted from when the request was sent: the server may have stamped renewTime any time after that.
         self._last_renew = sent_at
         self.is_leader = True
-
-    def _observe(self, spec: dict[str, Any], now: float) -> None:
-        self._observed_record = (spec.get("holderIdentity") or "", spec.get("renewTime"),
-                                 spec.get("leaseDurationSeconds"))
-        self._observed_at = now
-        self.observed_holder = spec.get("holderIdentity") or ""
 
 
 def _reason(e: BaseException) -> str:

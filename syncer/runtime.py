@@ -23,6 +23,12 @@ clusters (from kubeconfig Secrets), a ControllerManager per member for the plugi
 fleet controllers over all members (``controllers/cluster_registry.py``, ``fleet.py``). They live for the term only:
 standbys watch no member cluster, so a new leader connects to every member before its controllers start there. A
 member that is down shows in ``/status`` but does not fail ``/healthz``: restarting this process would not help it.
+
+With ``[sharding] enabled`` the controllers (or, in multi-cluster mode, the member clusters) are instead spread
+over every replica, each unit under its own Lease (``shards.py``); the coordinator joins once discovery is done, on
+every replica, and a stop request hands every unit over before anything else stops. Leader election, if on, still
+decides where the singleton work (stores, runnables) runs. Fleet controllers and components need every cluster in
+one process, so they are refused in this mode.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ from .leader import LeaderElector, default_identity
 from .plugins import Plugins
 from .runnables import Runnables, Stores
 from .settings import Settings
+from .shard_units import ClusterUnits, ControllerUnits
+from .shards import ShardCoordinator
 from .webhook.certificates import CertificateError
 from .webhook.service import WebhookService
 
@@ -113,15 +121,18 @@ class Syncer:
         if fleet_level and not settings.clusters.enabled:
             logger.warning("fleet controller(s) {} run only in multi-cluster mode; set [clusters] enabled = true",
                            ", ".join(fleet_level))
+        self.shards: ShardCoordinator | None = None
+        self.unit_controllers: ControllerUnits | None = None
         self.http = StatusServer(settings.http_bind, self.status, self.health, self._not_ready)
+        self._leading = False
         self._stuck: list[str] = []
         self._log = logger.bind(identity=self.identity)
 
     # -- views -------------------------------------------------------------------------------------------
     @property
     def leading(self) -> bool:
-        """Whether this replica runs controllers now."""
-        return self.manager is not None or self.registry is not None
+        """Whether this replica holds the leadership term now (always, once started, with election off)."""
+        return self._leading
 
     def status(self) -> dict[str, Any]:
         """The ``/status`` document."""
@@ -135,6 +146,7 @@ class Syncer:
             "gvrs": [s.as_dict() for s in self.factory.status()] if self.factory else [],
             "controllers": self._controllers_status(),
             "clusters": self._clusters_status(),
+            "sharding": self.shards.status() if self.shards is not None else None,
             "tasks": [h.as_dict() for h in self.supervisor.health()],
             "stores": self.stores.status(),
             "runnables": self.runnables.status(),
@@ -144,6 +156,8 @@ class Syncer:
     def _controllers_status(self) -> list[dict[str, Any]]:
         if self.manager is not None:
             return [s.as_dict() for s in self.manager.status().values()]
+        if self.unit_controllers is not None:
+            return self.unit_controllers.status()
         if self.cluster_controllers is not None:  # one row per controller per cluster
             return [{**c, "name": qualified(c["name"], cluster)}
                     for cluster, rows in self.cluster_controllers.status().items() for c in rows]
@@ -176,6 +190,8 @@ class Syncer:
             items += self.manager.health()
         if self.cluster_controllers is not None:
             items += self.cluster_controllers.health()
+        if self.unit_controllers is not None:
+            items += self.unit_controllers.health()
         items += self.stores.health() + self.runnables.health() + (self.webhooks.health() if self.webhooks else [])
         return all(i["healthy"] for i in items), items
 
@@ -183,6 +199,10 @@ class Syncer:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then shut down within ``shutdown_timeout``."""
         small_tls_read_buffers()
+        fleet_level = sorted([*self.fleet, *(c.name for c in self.components)])
+        if self.settings.sharding.enabled and fleet_level:
+            raise StartupError(f"fleet controller(s) {', '.join(fleet_level)} need every member cluster in one "
+                               "process: they cannot run with [sharding] enabled (turn it off, or remove their plugin)")
         try:
             await self.http.start()
         except OSError as e:
@@ -194,6 +214,8 @@ class Syncer:
                 await self._start_webhooks()
             if await _until(stop, self._connect()):
                 await _until(stop, self._discover())
+                if self.ready and self.settings.sharding.enabled:
+                    await self._start_shards(stop)
                 if self.ready:
                     await self._lead_while(stop)
         finally:
@@ -298,7 +320,9 @@ class Syncer:
         assert self.factory is not None
         await self.stores.recover()
         self.runnables.start()
-        if self.settings.clusters.enabled:
+        if self.settings.sharding.enabled:
+            pass  # the shard coordinator runs the controllers
+        elif self.settings.clusters.enabled:
             await self._lead_fleet(fence)
         else:
             manager = ControllerManager(
@@ -307,6 +331,7 @@ class Syncer:
                 start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
             await manager.start()
             self.manager = manager
+        self._leading = True
         _LEADER.set(1)
         _LEADERSHIPS.inc()
         await asyncio.Future()  # never done: the term's end cancels it
@@ -339,6 +364,67 @@ class Syncer:
             self.supervisor.spawn(f"fleet component {component.name}", _runner(partial(component.run, scope)))
         await registry.start()
 
+    async def _start_shards(self, stop: asyncio.Event) -> None:
+        """Join the shard group: from now on this replica runs the units (controllers, or member clusters with
+        theirs) the group assigns it, each under its own Lease."""
+        assert self.factory is not None
+        s = self.settings
+        units: ClusterUnits | ControllerUnits
+        if s.sharding.unit_kind(s.clusters.enabled) == "clusters":
+            c = s.clusters
+            self.registry = ClusterRegistry(
+                self.client, RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
+                                             secret_types=c.secret_types, include_local=c.include_local,
+                                             allowed_exec_commands=c.allowed_exec_commands,
+                                             sync_timeout=c.sync_timeout),
+                required={g for spec in self.controllers.values() for g in spec.required_gvrs},
+                make_factory=self._member_factory, local_factory=self.factory, supervisor=self.supervisor,
+                gate=lambda name: self.shards.fence_for(name) if self.shards is not None else None)
+            self.cluster_controllers = ClusterControllers(
+                self.controllers, name=self.identity, workers=s.workers, resync_period=s.resync or None,
+                stop_timeout=self._shard_stop_timeout(), start_timeout=s.start_timeout, supervisor=self.supervisor)
+            await self.registry.register_cluster_handler(self.cluster_controllers)
+            units = ClusterUnits(self.registry, self.cluster_controllers)
+        else:
+            units = self.unit_controllers = ControllerUnits(sorted(self.controllers), partial(self._unit_manager))
+
+        def stuck(names: list[str]) -> None:
+            self._stuck += names
+            stop.set()
+
+        self.shards = ShardCoordinator(self.client, s.sharding, self.identity, units, supervisor=self.supervisor,
+                                       on_stuck=stuck)
+        await self.shards.start()
+        if self.registry is not None:
+            await self.registry.start()
+
+    def _unit_manager(self, name: str, fence: Fence) -> ControllerManager:
+        s = self.settings
+        return ControllerManager(
+            f"{self.identity}/{name}", self.factory, {name: self.controllers[name]},  # type: ignore[arg-type]
+            client=self.client, workers=s.workers, resync_period=s.resync or None,
+            stop_timeout=self._shard_stop_timeout(), fence=fence, start_timeout=s.start_timeout,
+            supervisor=self.supervisor)
+
+    def _shard_stop_timeout(self) -> float:
+        """How long a unit's controllers may take to stop: within the margin before another replica may take
+        its Lease."""
+        sh = self.settings.sharding
+        return min(self.settings.shutdown_timeout / 2, sh.lease_duration - sh.renew_deadline)
+
+    async def _stop_shards(self) -> None:
+        """Hand every unit over, then stop the registry of member clusters (sharded multi-cluster mode)."""
+        shards, self.shards = self.shards, None
+        if shards is not None:
+            await shards.stop()
+            self._stuck += [n for n in shards.stuck if n not in self._stuck]
+        if self.registry is not None and not self._stuck:
+            registry, self.registry = self.registry, None
+            await registry.stop()
+            if self.cluster_controllers is not None:
+                self._stuck += await self.cluster_controllers.stop()
+                self.cluster_controllers = None
+
     def _member_factory(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
         s = self.settings
         # A private metrics registry per member: informer series carry no cluster label, and two clusters'
@@ -351,6 +437,7 @@ class Syncer:
 
     async def _end_term(self) -> list[str]:
         """Stop the term's controllers and runnables together; the names of those still running."""
+        self._leading = False
         manager, self.manager = self.manager, None
         self.stores.standby()
         async with asyncio.TaskGroup() as group:
@@ -362,6 +449,8 @@ class Syncer:
 
     async def _end_fleet(self) -> list[str]:
         """Stop the fleet controllers and every cluster's controllers, then the registry; the stuck names."""
+        if self.settings.sharding.enabled:
+            return []  # the registry and the clusters' controllers are the shard coordinator's
         loops, self.fleet_loops = self.fleet_loops, []
         registry, self.registry = self.registry, None
         per_cluster, self.cluster_controllers = self.cluster_controllers, None
@@ -381,6 +470,7 @@ class Syncer:
         return stuck
 
     async def _shutdown(self) -> None:
+        await self._stop_shards()
         self._stuck += await self._end_term()
         if self.elector is not None and not self._stuck:
             await self.elector.release()

@@ -118,6 +118,43 @@ class Clusters:
     watch: WatchMode = "required"
 
 
+UnitKind = Literal["clusters", "controllers"]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Scale-out, table ``[sharding]``: the replicas share the work, each unit of it fenced by its own Lease
+    (see ``syncer/shards.py``).
+
+    - ``enabled``: on (off: the leader, or with election off every replica, runs all the controllers).
+    - ``units``: what is spread: ``"clusters"`` (each member cluster with its controllers; needs ``[clusters]``
+      enabled), ``"controllers"`` (each managed controller; without ``[clusters]``) or ``"auto"`` (whichever
+      the mode allows).
+    - ``group`` (a DNS-1123 label): names the Leases (``<group>-member-...``, ``<group>-unit-...``) and labels
+      them; replicas of one deployment share it, and two deployments in one namespace must not.
+    - ``lease_namespace`` (a DNS-1123 label): where the member and unit Leases are.
+    - ``lease_duration``, ``renew_deadline`` (< ``lease_duration``), ``retry_period`` (< ``renew_deadline``): as
+      for leader election, for every member and unit Lease.
+    - ``min_hold``: a unit stays at least this long with the replica that took it before it is handed to another
+      (so a member that blips does not make units flap).
+    """
+
+    enabled: bool = False
+    units: Literal["auto", "clusters", "controllers"] = "auto"
+    group: str = "kube-syncer"
+    lease_namespace: str = "default"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    min_hold: float = 30.0
+
+    def unit_kind(self, clusters_enabled: bool) -> UnitKind:
+        """What is spread, ``auto`` resolved."""
+        if self.units == "auto":
+            return "clusters" if clusters_enabled else "controllers"
+        return self.units
+
+
 @dataclass(frozen=True)
 class Settings:
     """The validated, typed settings of a syncer process. Durations are seconds, written ``15s``, ``500ms``,
@@ -142,7 +179,7 @@ class Settings:
     - ``watch``: which served (and filtered) GVRs get informers: ``"all"``, or ``"required"``: only those some
       controller requires (fewer watches; ``syncer status`` shows the others as idle).
     - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``; ``clusters``: see
-      ``Clusters``. ``source``: the settings
+      ``Clusters``; ``sharding``: see ``Sharding``. ``source``: the settings
       file read (not a setting).
     """
 
@@ -169,6 +206,7 @@ class Settings:
     leader_election: LeaderElection = field(default_factory=LeaderElection)
     webhooks: Webhooks = field(default_factory=Webhooks)
     clusters: Clusters = field(default_factory=Clusters)
+    sharding: Sharding = field(default_factory=Sharding)
     plugin_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""
 
@@ -177,7 +215,7 @@ class Settings:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (LeaderElection, Webhooks, Clusters)):
+            if isinstance(value, (LeaderElection, Webhooks, Clusters, Sharding)):
                 value = {g.name: getattr(value, g.name) for g in fields(value)}
             out[f.name] = _mask(f.name, value)
         return out
@@ -400,6 +438,20 @@ def _plugin_tables(value: Any, done: Mapping[str, Any]) -> dict[str, dict[str, A
     return {str(name).lower(): dict(table) for name, table in value.items()}
 
 
+def _unit_kind(value: Any, done: Mapping[str, Any]) -> str:
+    kind = str(_choice(("auto", "clusters", "controllers"))(value, done))
+    clusters = done.get("clusters.enabled")
+    if clusters is None:
+        return kind
+    if kind == "clusters" and not clusters:
+        raise _Invalid("\"auto\" or \"controllers\" while [clusters] is off", "clusters are units only in "
+                       "multi-cluster mode: set [clusters] enabled = true")
+    if kind == "controllers" and clusters:
+        raise _Invalid("\"auto\" or \"clusters\" in multi-cluster mode", "in multi-cluster mode a cluster, with "
+                       "all its controllers, is the unit")
+    return kind
+
+
 # Every setting, in checking order (a limit relative to another setting comes after that setting).
 _CHECKS: dict[str, _Check] = {
     "kubeconfig": _kubeconfig,
@@ -445,9 +497,17 @@ _CHECKS: dict[str, _Check] = {
     "clusters.allowed_exec_commands": _strings("commands"),
     "clusters.sync_timeout": _duration(),
     "clusters.watch": _choice(("required", "all")),
+    "sharding.enabled": _boolean,
+    "sharding.units": _unit_kind,
+    "sharding.group": _dns_name("label"),
+    "sharding.lease_namespace": _dns_name("label"),
+    "sharding.lease_duration": _duration(),
+    "sharding.renew_deadline": _duration(below="sharding.lease_duration"),
+    "sharding.retry_period": _duration(below="sharding.renew_deadline"),
+    "sharding.min_hold": _duration(zero_means="hands units over as soon as the assignment says"),
     "plugin_settings": _plugin_tables,
 }
-_TABLES = ("leader_election", "webhooks", "clusters")  # settings that are tables of settings (checked key by key above)
+_TABLES = ("leader_election", "webhooks", "clusters", "sharding")  # settings that are tables of settings (checked key by key above)
 
 
 def _env_var(name: str) -> str:
@@ -488,7 +548,7 @@ def load_settings(path: str | None = None, overrides: Mapping[str, Any] | None =
     return Settings(**{n: v for n, v in checked.items() if "." not in n},
                     leader_election=LeaderElection(**_table(checked, "leader_election")),
                     webhooks=Webhooks(**_table(checked, "webhooks")), clusters=Clusters(**_table(checked, "clusters")),
-                    source=path or "")
+                    sharding=Sharding(**_table(checked, "sharding")), source=path or "")
 
 
 def _table(checked: Mapping[str, Any], table: str) -> dict[str, Any]:

@@ -1,0 +1,474 @@
+"""ShardCoordinator: the replicas of one deployment share its units of work (member clusters, or managed
+controllers), each unit fenced by its own ``coordination.k8s.io`` Lease. Leader election is the one-unit case of
+the same rules (``leader.py``, ``lease.py``).
+
+- Membership: each replica holds a member Lease (``<group>-member-<hash>``, holder = its identity, pod name +
+  uuid). The live members are those whose Lease record this replica has seen change within its duration, on its
+  own monotonic clock; this replica counts itself while its own member Lease is renewed in time.
+- Assignment: rendezvous hashing with bounded loads over the live members (``rendezvous.py``): every replica
+  computes the same owner for every unit without talking to the others.
+- Fencing: a replica starts a unit only after taking the unit's Lease, and its fence (``lease.RenewFence``:
+  valid while the last successful renewal is less than ``renew_deadline`` old, checked locally) goes to the
+  unit's controllers and clients. A unit whose Lease is not renewed in time is stopped, and not released.
+- Handover: a unit assigned elsewhere (and held at least ``min_hold``, so a member that blips does not make
+  units flap) is stopped, its queue drained, and only then its Lease released; the new owner sees the release
+  through its Lease watch and takes it at once. multicluster-runtime releases the fence while the old work is
+  still being cancelled. A graceful stop deletes the member Lease first (the others re-assign at once), then
+  hands every unit over the same way.
+- Cost: one watch of the group's Leases per replica (holders, releases and expiry are seen there, not polled),
+  and one PUT per held Lease per ``retry_period``: ``(units + replicas) / retry_period`` requests per second for
+  the whole deployment at steady state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import re
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol
+
+from loguru import logger
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from informers import GVR, ApiClient, ApiError, FuncHandler, SharedIndexInformer, Supervisor
+from informers.client import CONNECTION_ERRORS
+from informers.metrics import MetricSet
+from informers.store import DeletedFinalStateUnknown, Obj
+from informers.wait import wait_first
+
+from .lease import LEASES_PATH, Observation, RenewFence, holder_spec, lease_body, now_micro, released_spec
+from .rendezvous import assign
+from .settings import Sharding
+
+LEASES = GVR("coordination.k8s.io", "v1", "leases")
+GROUP_LABEL = "kube-syncer.io/shard-group"
+ROLE_LABEL = "kube-syncer.io/shard-role"
+UNIT_ANNOTATION = "kube-syncer.io/shard-unit"
+_HANDOVERS = Counter("syncer_shard_handovers_total", "Units this replica handed over (out) or took from a "
+                     "release (in).", ["direction"])
+_LOST = Counter("syncer_shard_units_lost_total", "Units this replica stopped because their Lease was not renewed "
+                "in time or was taken.")
+_HANDOVER_SECONDS = Histogram("syncer_shard_handover_seconds", "From deciding to hand a unit over to releasing "
+                              "its Lease (stop and drain included).", buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+
+
+class UnitState(enum.StrEnum):
+    """A unit as this replica sees it."""
+
+    ELSEWHERE = "elsewhere"  # assigned to another member
+    WAITING = "waiting"  # assigned here; its Lease still held by another (not yet released or expired)
+    STARTING = "starting"  # its Lease taken here, its work starting
+    RUNNING = "running"
+    FAILED = "failed"  # its Lease taken here, its start raised (see the log); it is handed over like any other
+    HANDING_OVER = "handing-over"  # assigned elsewhere or gone: stopping, then the Lease is released
+    STOPPING = "stopping"  # its Lease not renewed in time: stopping, nothing released
+
+
+_OWNED = (UnitState.STARTING, UnitState.RUNNING, UnitState.FAILED)
+
+
+class Units(Protocol):
+    """What is spread: ``names()`` now, and how one is started (under its fence) and stopped."""
+
+    kind: str
+
+    def names(self) -> set[str]: ...
+
+    async def start(self, unit: str, fence: "UnitFence") -> None: ...
+
+    async def stop(self, unit: str) -> list[str]:
+        """Stop the unit's work (drained); the names of controllers that did not stop in time."""
+        ...
+
+
+class UnitFence(RenewFence):
+    """The fence of one tenure of a unit: ``unit``, the ``holder`` identity and the Lease's ``transitions`` when
+    it was taken (so a write can carry which tenure made it)."""
+
+    def __init__(self, unit: str, holder: str, transitions: int, renew_deadline: float) -> None:
+        super().__init__(renew_deadline)
+        self.unit, self.holder, self.transitions = unit, holder, transitions
+
+
+@dataclass
+class _Held:
+    """A Lease this replica holds: the object as last written, and its fence."""
+
+    obj: Obj
+    fence: RenewFence
+
+
+@dataclass
+class _Unit:
+    name: str
+    lease: str
+    state: UnitState = UnitState.ELSEWHERE
+    assigned: str = ""
+    held: _Held | None = None
+    since: float = 0.0  # when this replica took it
+    task: asyncio.Task[None] | None = None
+    stopping: bool = field(default=False)
+
+
+class ShardCoordinator:
+    """Spreads ``units`` over the replicas sharing ``config.group``; ``start()`` joins, ``stop()`` hands every unit
+    over and leaves. ``on_stuck(names)`` is called when a unit's controllers do not stop (the process must exit
+    without releasing that unit's Lease)."""
+
+    def __init__(self, client: ApiClient, config: Sharding, identity: str, units: Units, *,
+                 supervisor: Supervisor | None = None, on_stuck: Callable[[list[str]], None] = lambda _: None,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
+        self.client = client
+        self.config = config
+        self.identity = identity
+        self.units = units
+        self.stuck: list[str] = []
+        self._on_stuck = on_stuck
+        self._supervisor = supervisor or Supervisor(f"shards {config.group}")
+        self._ns = config.lease_namespace
+        self._path = LEASES_PATH.format(namespace=self._ns)
+        self._member_lease = f"{config.group}-member-{_digest(identity)}"
+        self._member: _Held | None = None
+        self._seen: dict[str, Observation] = {}  # Lease name -> what this replica saw of it
+        self._units: dict[str, _Unit] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._assignment: tuple[tuple[frozenset[str], frozenset[str]], dict[str, str]] | None = None
+        self._informer = SharedIndexInformer(client, LEASES, namespace=self._ns,
+                                             label_selector=f"{GROUP_LABEL}={config.group}")
+        self._informer.add_event_handler(FuncHandler(lambda o, _i: self._saw(o), lambda _o, n: self._saw(n),
+                                                     self._gone), name="shards")
+        self._log = logger.bind(shards=config.group, identity=identity)
+        _Collector.for_registry(metrics_registry).coordinators.add(self)
+
+    # -- public ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Join: watch the group's Leases, take the member Lease, and start assigning."""
+        self._informer.start()
+        self._supervisor.spawn("shard coordinator", self._run)
+
+    async def stop(self) -> None:
+        """Leave: delete the member Lease, hand every unit over (stopped, drained, released), stop watching."""
+        await self._supervisor.cancel("shard coordinator")
+        self._closing = True
+        if self._member is not None:
+            await self._delete(self._member_lease, self._member.obj)
+            self._member.fence.held = False
+        # The loop's work, until every unit is handed over: held Leases are still renewed while their units drain.
+        while any(u.held is not None or u.task is not None for u in self._units.values()) and not self.stuck:
+            self._wake.clear()
+            await self._tick()
+            await wait_first(self._wake.wait(), timeout=self.config.retry_period / 2)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._informer.stop()
+
+    def fence_for(self, unit: str) -> UnitFence | None:
+        """The fence of ``unit`` while this replica owns it (taken, starting or running), else None."""
+        u = self._units.get(unit)
+        if u is None or u.held is None or u.state not in _OWNED:
+            return None
+        fence = u.held.fence
+        return fence if isinstance(fence, UnitFence) else None
+
+    def live_members(self, now: float | None = None) -> list[str]:
+        """The members seen renewing within their lease duration, this replica included while it renews."""
+        now = time.monotonic() if now is None else now
+        members = {o.holder for name, o in self._seen.items() if self._is_member(name) and o.holder and
+                   not o.expired(now, self.config.lease_duration)}
+        members.discard(self.identity)
+        if self._member is not None and self._member.fence.valid() and not self._closing:
+            members.add(self.identity)
+        return sorted(members)
+
+    def status(self) -> dict[str, Any]:
+        """Members, every known unit (state here, holder seen, assigned member), and handovers in progress."""
+        members = self.live_members()
+        units = []
+        for name in sorted(set(self.units.names()) | set(self._units)):
+            u = self._units.get(name)
+            seen = self._seen.get(u.lease) if u is not None else None
+            units.append({"unit": name, "state": (u.state if u is not None else UnitState.ELSEWHERE).value,
+                          "holder": seen.holder if seen is not None else "",
+                          "transitions": seen.transitions if seen is not None else None,
+                          "assigned": u.assigned if u is not None else ""})
+        return {"group": self.config.group, "kind": self.units.kind, "identity": self.identity,
+                "members": [{"identity": m, "self": m == self.identity} for m in members],
+                "owned": sum(1 for u in units if u["state"] in _OWNED),
+                "units": units,
+                "handovers": [u["unit"] for u in units if u["state"] == UnitState.HANDING_OVER],
+                "stuck": list(self.stuck)}
+
+    # -- observing -------------------------------------------------------------------------------------------
+    def _is_member(self, lease: str) -> bool:
+        return lease.startswith(f"{self.config.group}-member-")
+
+    def _saw(self, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        seen = self._seen.setdefault(name, Observation())
+        holder = seen.holder
+        if seen.see(obj.get("spec")) and (seen.holder != holder or self._is_member(name)) or not holder:
+            self._wake.set()  # a holder changed, a member renewed: not every unit renewal wakes the loop
+
+    def _gone(self, obj: Obj | DeletedFinalStateUnknown) -> None:
+        name = (obj.key if isinstance(obj, DeletedFinalStateUnknown) else
+                f"{self._ns}/{obj['metadata']['name']}").rpartition("/")[2]
+        self._seen.pop(name, None)
+        self._wake.set()
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    async def _run(self, _: Any) -> None:
+        while True:
+            self._wake.clear()
+            await self._tick()
+            await wait_first(self._wake.wait(), timeout=self.config.retry_period / 2)
+
+    async def _tick(self) -> None:
+        now = time.monotonic()
+        await self._renew_due(now)
+        for u in self._units.values():
+            if u.held is not None and u.state in _OWNED and not u.held.fence.valid():
+                self._end(u, release=False, why="its Lease was not renewed within renew_deadline "
+                          f"({self.config.renew_deadline:g}s) or was taken")
+        names = self.units.names()
+        members = self.live_members(now)
+        live = self.identity in members
+        owners = self._assign(names, members) if live else {}
+        take = []
+        for name in sorted(names | set(self._units)):
+            u = self._units.get(name) or self._units.setdefault(name, _Unit(name, _unit_lease(self.config.group,
+                                                                                            name)))
+            u.assigned = owners.get(name, "")
+            if u.held is not None and u.state in _OWNED:
+                if self._closing or name not in names:
+                    self._end(u, release=True, why="this replica is stopping" if self._closing else "it is gone")
+                elif live and u.assigned and u.assigned != self.identity and now - u.since >= self.config.min_hold:
+                    self._end(u, release=True, why=f"assigned to {u.assigned}")
+            elif u.held is None and u.task is None and not self._closing:
+                if u.assigned == self.identity and name in names:
+                    seen = self._seen.get(u.lease)
+                    if seen is None or seen.free(self.identity, now):
+                        take.append(u)
+                    u.state = UnitState.WAITING
+                else:
+                    u.state = UnitState.ELSEWHERE
+                    if name not in names:
+                        del self._units[name]
+        if take:
+            await asyncio.gather(*(self._take(u) for u in take))
+
+    def _assign(self, names: set[str], members: list[str]) -> dict[str, str]:
+        key = (frozenset(names), frozenset(members))
+        if self._assignment is None or self._assignment[0] != key:
+            self._assignment = (key, assign(names, members))
+        return self._assignment[1]
+
+    # -- Leases ----------------------------------------------------------------------------------------------
+    async def _renew_due(self, now: float) -> None:
+        due: list[tuple[str, _Held, _Unit | None]] = []
+        if self._member is None and not self._closing:
+            await self._join()
+        elif self._member is not None and not self._closing and \
+                now - self._member.fence.last_renew >= self.config.retry_period:
+            due.append((self._member_lease, self._member, None))
+        for u in self._units.values():
+            if u.held is not None and u.held.fence.held and now - u.held.fence.last_renew >= self.config.retry_period:
+                due.append((u.lease, u.held, u))
+        if due:
+            await asyncio.gather(*(self._renew(name, held, u) for name, held, u in due))
+
+    async def _join(self) -> None:
+        spec = holder_spec(None, self.identity, self.config.lease_duration)
+        sent = time.monotonic()
+        try:
+            obj = await self.client.request("POST", self._path, timeout=self.config.renew_deadline, body=lease_body(
+                self._ns, self._member_lease, spec, {GROUP_LABEL: self.config.group, ROLE_LABEL: "member"}))
+        except (ApiError, *CONNECTION_ERRORS) as e:
+            self._log.warning("cannot create member Lease {}/{}: {}", self._ns, self._member_lease, _reason(e))
+            return
+        fence = RenewFence(self.config.renew_deadline)
+        fence.renewed(sent)
+        self._member = _Held(obj, fence)
+        self._log.info("joined shard group {} as {}", self.config.group, self.identity)
+
+    async def _renew(self, name: str, held: _Held, unit: _Unit | None) -> None:
+        spec = {**held.obj["spec"], "renewTime": now_micro(),
+                "leaseDurationSeconds": max(1, round(self.config.lease_duration))}
+        sent = time.monotonic()
+        try:
+            obj = await self.client.request("PUT", f"{self._path}/{name}", body={**held.obj, "spec": spec},
+                                            timeout=max(0.1, min(held.fence.remaining(), self.config.renew_deadline)))
+        except ApiError as e:
+            current = self._informer.lister.get(name, self._ns)
+            if e.status in (404, 409) and (current is None or (current.get("spec") or {}).get("holderIdentity") !=
+                                           self.identity):
+                held.fence.held = False  # taken, or deleted: this tenure is over now, not at the deadline
+                if unit is None:
+                    self._member = None  # rejoin with a new member Lease
+            elif e.status == 409 and current is not None:
+                held.obj = current  # still ours: a stale resourceVersion; the next round writes over the new one
+            else:
+                self._log.warning("cannot renew Lease {}: {}", name, e)
+            return
+        except CONNECTION_ERRORS as e:
+            self._log.warning("cannot reach the API server to renew Lease {}: {}", name, _reason(e))
+            return
+        held.obj = obj
+        held.fence.renewed(sent)
+        self._seen.setdefault(name, Observation()).see(obj.get("spec"), sent)
+
+    async def _take(self, u: _Unit) -> None:
+        current = self._informer.lister.get(u.lease, self._ns)
+        spec = holder_spec(current.get("spec") if current is not None else None, self.identity,
+                           self.config.lease_duration)
+        released = current is not None and not (current.get("spec") or {}).get("holderIdentity")
+        sent = time.monotonic()
+        try:
+            if current is None:
+                obj = await self.client.request("POST", self._path, timeout=self.config.renew_deadline, body=lease_body(
+                    self._ns, u.lease, spec, {GROUP_LABEL: self.config.group, ROLE_LABEL: "unit"},
+                    {UNIT_ANNOTATION: u.name}))
+            else:
+                obj = await self.client.request("PUT", f"{self._path}/{u.lease}", body={**current, "spec": spec},
+                                                timeout=self.config.renew_deadline)
+        except ApiError as e:
+            if e.status != 409:  # 409: another replica wrote first (or our cache is behind); the watch tells
+                self._log.warning("cannot take Lease {} of unit {}: {}", u.lease, u.name, e)
+            return
+        except CONNECTION_ERRORS as e:
+            self._log.warning("cannot reach the API server to take unit {}: {}", u.name, _reason(e))
+            return
+        fence = UnitFence(u.name, self.identity, int(obj["spec"].get("leaseTransitions") or 0),
+                          self.config.renew_deadline)
+        fence.renewed(sent)
+        self._seen.setdefault(u.lease, Observation()).see(obj.get("spec"), sent)
+        u.held, u.since, u.state = _Held(obj, fence), sent, UnitState.STARTING
+        if released:
+            _HANDOVERS.labels("in").inc()
+        self._log.info("took unit {} (Lease {}, transitions {})", u.name, u.lease, fence.transitions)
+        u.task = self._spawn(self._start(u, fence), f"start unit {u.name}")
+
+    async def _start(self, u: _Unit, fence: UnitFence) -> None:
+        try:
+            await self.units.start(u.name, fence)
+        except Exception:
+            self._log.exception("unit {} failed to start; it stays here, stopped, until it is handed over", u.name)
+            if u.state == UnitState.STARTING:
+                u.state = UnitState.FAILED
+        else:
+            if u.state == UnitState.STARTING:
+                u.state = UnitState.RUNNING
+        finally:
+            if u.task is asyncio.current_task():
+                u.task = None
+
+    def _end(self, u: _Unit, *, release: bool, why: str) -> None:
+        """Stop ``u``; then release its Lease if ``release`` (a handover), or just forget it (a lost tenure)."""
+        u.state = UnitState.HANDING_OVER if release else UnitState.STOPPING
+        if release:
+            self._log.info("handing unit {} over: {}", u.name, why)
+        else:
+            _LOST.inc()
+            self._log.warning("stopping unit {}: {}", u.name, why)
+        starting, u.task = u.task, None
+        u.task = self._spawn(self._stop(u, starting, release), f"stop unit {u.name}")
+
+    async def _stop(self, u: _Unit, starting: asyncio.Task[None] | None, release: bool) -> None:
+        began = time.monotonic()
+        try:
+            if starting is not None:
+                starting.cancel()
+                await asyncio.wait({starting})
+            stuck = await self.units.stop(u.name)
+            if stuck:
+                self.stuck += stuck
+                self._log.error("unit {}: controller(s) {} did not stop; its Lease is kept", u.name, ", ".join(stuck))
+                self._on_stuck(stuck)
+                return
+            held = u.held
+            if release and held is not None and held.fence.valid():
+                if u.name in self.units.names():
+                    await self._release(u.lease, held)
+                else:
+                    await self._delete(u.lease, held.obj)
+                _HANDOVERS.labels("out").inc()
+                _HANDOVER_SECONDS.observe(time.monotonic() - began)
+            if held is not None:
+                held.fence.held = False
+            u.held, u.state = None, UnitState.ELSEWHERE
+        finally:
+            if u.task is asyncio.current_task():
+                u.task = None
+            self._wake.set()
+
+    async def _release(self, name: str, held: _Held) -> None:
+        try:
+            obj = await self.client.request("PUT", f"{self._path}/{name}", timeout=self.config.renew_deadline,
+                                            body={**held.obj, "spec": released_spec(held.obj["spec"])})
+            self._seen.setdefault(name, Observation()).see(obj.get("spec"))
+        except (ApiError, *CONNECTION_ERRORS) as e:  # its new owner takes it once it expires
+            self._log.warning("cannot release Lease {}: {}", name, _reason(e))
+
+    async def _delete(self, name: str, obj: Obj) -> None:
+        try:
+            await self.client.request("DELETE", f"{self._path}/{name}", timeout=self.config.renew_deadline, body={
+                "preconditions": {"resourceVersion": obj["metadata"].get("resourceVersion")}})
+        except (ApiError, *CONNECTION_ERRORS) as e:
+            self._log.warning("cannot delete Lease {}: {}", name, _reason(e))
+
+    def _spawn(self, work: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _unit_lease(group: str, unit: str) -> str:
+    """The Lease name of ``unit``: readable, and unique by the hash whatever the unit is called."""
+    slug = re.sub(r"[^a-z0-9.-]+", "-", unit.lower()).strip("-.")[:40].strip("-.")
+    return f"{group}-unit-{slug + '-' if slug else ''}{_digest(unit)}"
+
+
+def _reason(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+class _Collector(MetricSet):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.coordinators: "weakref.WeakSet[ShardCoordinator]" = weakref.WeakSet()
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        units = GaugeMetricFamily("syncer_shard_units", "Units by state as this replica sees them (owned: starting, "
+                                  "running or failed here).", labels=["state"])
+        unowned = GaugeMetricFamily("syncer_shard_units_unowned", "Units whose Lease no live holder renews, as "
+                                    "this replica sees them.")
+        members = GaugeMetricFamily("syncer_shard_members", "Live members of the shard group, as this replica sees "
+                                    "them.")
+        counts = dict.fromkeys((s.value for s in UnitState), 0)
+        free = live = 0
+        for c in list(self.coordinators):
+            now = time.monotonic()
+            live += len(c.live_members(now))
+            for name in c.units.names():
+                u = c._units.get(name)
+                counts[(u.state if u is not None else UnitState.ELSEWHERE).value] += 1
+                seen = c._seen.get(u.lease if u is not None else _unit_lease(c.config.group, name))
+                free += seen is None or not seen.holder or seen.expired(now, c.config.lease_duration)
+        for state, n in counts.items():
+            units.add_metric([state], n)
+        unowned.add_metric([], free)
+        members.add_metric([], live)
+        yield from (units, unowned, members)

@@ -1,0 +1,221 @@
+"""Sharding: rendezvous assignment (pure), the ``[sharding]`` settings, and shard coordinators in one process
+against the real API server (join, balance, handover on scale-up and graceful stop, takeover of a dead member's
+units after its Leases expire, one tenure at a time per unit)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from informers import ApiClient
+from syncer.lease import Observation, holder_spec
+from syncer.rendezvous import assign
+from syncer.settings import Sharding, SettingsError, load_settings
+from syncer.shards import ShardCoordinator, UnitFence, UnitState
+from tests.helpers import eventually
+
+
+# -- assignment ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("units,members", [(50, 3), (50, 4), (50, 5), (12, 5), (200, 3), (7, 7), (3, 5)])
+def test_assignment_is_balanced_within_one(units: int, members: int) -> None:
+    names = [f"cluster-{i}" for i in range(units)]
+    owners = assign(names, [f"replica-{i}_{i * 7919}" for i in range(members)])
+    loads = Counter(owners.values())
+    assert set(owners) == set(names)
+    assert max(loads.values()) <= math.ceil(units / members)
+    assert max(loads.values()) - min(loads.values() or [0]) <= 1 or len(loads) < members
+
+
+@pytest.mark.parametrize("units,members", [(50, 3), (50, 4), (200, 4), (200, 9)])
+def test_adding_or_removing_a_member_moves_about_one_in_n(units: int, members: int) -> None:
+    names = [f"unit-{i}" for i in range(units)]
+    base = [f"m{i}" for i in range(members)]
+    before = assign(names, base)
+    after_add = assign(names, [*base, "new"])
+    after_remove = assign(names, base[1:])
+    moved_add = sum(before[u] != after_add[u] for u in names)
+    moved_remove = sum(before[u] != after_remove[u] for u in names)
+    assert sum(o == "new" for o in after_add.values()) >= units // (members + 1)
+    assert moved_add <= 1.5 * units / (members + 1) + 2  # ideal: units / (members + 1); modulo moves ~all
+    held = sum(o == "m0" for o in before.values())
+    assert held <= moved_remove <= 1.5 * held + 2
+
+
+def test_assignment_is_the_same_whatever_the_order() -> None:
+    names = [f"u{i}" for i in range(30)]
+    assert assign(names, ["a", "b", "c"]) == assign(list(reversed(names)), ["c", "a", "b", "a"])
+    assert assign(names, []) == {}
+
+
+# -- leases (pure) ---------------------------------------------------------------------------------------------
+def test_expiry_is_judged_on_the_observers_clock_not_the_holders_renew_time() -> None:
+    seen = Observation()
+    # A renewTime far in the past (the holder's clock is behind): it does not matter, only when we saw it change.
+    assert seen.see({"holderIdentity": "a", "renewTime": "2001-01-01T00:00:00.000000Z", "leaseDurationSeconds": 10},
+                    now=100.0)
+    assert not seen.expired(now=109.0) and seen.expired(now=110.0)
+    assert not seen.see({"holderIdentity": "a", "renewTime": "2001-01-01T00:00:00.000000Z",
+                         "leaseDurationSeconds": 10}, now=105.0)  # unchanged: the clock keeps running
+    assert seen.expired(now=110.0)
+    assert seen.see({"holderIdentity": "a", "renewTime": "2001-01-01T00:00:01.000000Z", "leaseDurationSeconds": 10},
+                    now=111.0)
+    assert not seen.free("b", now=120.0) and seen.free("a", now=120.0) and seen.free("b", now=121.0)
+
+
+def test_a_new_holder_counts_one_transition_and_a_renewal_none() -> None:
+    first = holder_spec(None, "a", 15)
+    assert first["leaseTransitions"] == 0 and first["holderIdentity"] == "a"
+    assert holder_spec(first, "a", 15)["leaseTransitions"] == 0
+    assert holder_spec(first, "a", 15)["acquireTime"] == first["acquireTime"]
+    assert holder_spec(first, "b", 15)["leaseTransitions"] == 1
+    assert holder_spec({**first, "holderIdentity": ""}, "a", 15)["leaseTransitions"] == 1
+
+
+# -- settings ----------------------------------------------------------------------------------------------------
+def test_sharding_settings_are_checked(tmp_path: Any) -> None:
+    def load(text: str) -> Any:
+        path = tmp_path / "s.toml"
+        path.write_text(text)
+        return load_settings(str(path))
+
+    s = load('[sharding]\nenabled = true\nlease_duration = "8s"\nrenew_deadline = "5s"\nretry_period = "1s"\n'
+             'min_hold = "0s"\n').sharding
+    assert s.enabled and s.unit_kind(False) == "controllers" and s.unit_kind(True) == "clusters" and s.min_hold == 0
+    for text, named in [
+        ('[sharding]\nrenew_deadline = "20s"\n', "sharding.renew_deadline"),
+        ('[sharding]\nretry_period = "12s"\n', "sharding.retry_period"),
+        ('[sharding]\nunits = "clusters"\n', "sharding.units"),
+        ('[clusters]\nenabled = true\n[sharding]\nunits = "controllers"\n', "sharding.units"),
+        ('[sharding]\ngroup = "Not_A_Label"\n', "sharding.group"),
+        ('[sharding]\nlease_namespace = ""\n', "sharding.lease_namespace"),
+        ('[sharding]\nmin_hold = "-1s"\n', "sharding.min_hold"),
+        ('[sharding]\nenable = true\n', "sharding.enable"),
+    ]:
+        with pytest.raises(SettingsError, match=named.replace(".", r"\.")):
+            load(text)
+
+
+# -- coordinators against the API server -------------------------------------------------------------------------
+class Recorder:
+    """Units named ``u0``..: records, across every coordinator sharing it, who runs what, and any start while
+    another tenure's fence is still valid (its work could still write)."""
+
+    def __init__(self, count: int) -> None:
+        self.unit_names = {f"u{i}" for i in range(count)}
+        self.running: dict[str, str] = {}  # unit -> identity
+        self.fences: dict[str, UnitFence] = {}
+        self.tenures: list[tuple[str, str, int]] = []  # (unit, holder, transitions) in start order
+        self.overlaps: list[str] = []
+
+    def kind_for(self, identity: str, stop_delay: float = 0.0) -> Any:
+        recorder = self
+
+        class _Units:
+            kind = "test"
+
+            def names(self) -> set[str]:
+                return recorder.unit_names
+
+            async def start(self, unit: str, fence: UnitFence) -> None:
+                assert fence.valid() and fence.holder == identity and fence.unit == unit
+                previous = recorder.fences.get(unit)
+                if previous is not None and previous.valid():
+                    recorder.overlaps.append(f"{unit}: {identity} started while {previous.holder}'s fence holds")
+                recorder.running[unit] = identity
+                recorder.fences[unit] = fence
+                recorder.tenures.append((unit, identity, fence.transitions))
+
+            async def stop(self, unit: str) -> list[str]:
+                await asyncio.sleep(stop_delay)
+                if recorder.running.get(unit) == identity:
+                    del recorder.running[unit]
+                return []
+
+        return _Units()
+
+    def owned(self) -> Counter[str]:
+        return Counter(self.running.values())
+
+
+def config(namespace: str, **kw: Any) -> Sharding:
+    base = dict(enabled=True, group="t", lease_namespace=namespace, lease_duration=3.0, renew_deadline=2.0,
+                retry_period=0.5, min_hold=0.0)
+    return Sharding(**{**base, **kw})  # type: ignore[arg-type]
+
+
+async def test_coordinators_balance_hand_over_and_take_over(control_plane: Any, namespace: str) -> None:
+    recorder = Recorder(12)
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        tasks_before = len(asyncio.all_tasks())
+        coordinators = {f"r{i}": ShardCoordinator(client, config(namespace), f"r{i}", recorder.kind_for(f"r{i}"))
+                        for i in range(3)}
+        for c in coordinators.values():
+            await c.start()
+        await eventually(lambda: sorted(recorder.owned().values()) == [4, 4, 4], timeout=30,
+                         what="12 units over 3 replicas, 4 each")
+        assert all(c.status()["owned"] == 4 and len(c.status()["members"]) == 3 for c in coordinators.values())
+
+        # Scale up: the fourth member gets 3, each moved unit handed over (stopped, released) before it starts.
+        coordinators["r3"] = ShardCoordinator(client, config(namespace), "r3", recorder.kind_for("r3", 0.2))
+        await coordinators["r3"].start()
+        await eventually(lambda: sorted(recorder.owned().values()) == [3, 3, 3, 3], timeout=30,
+                         what="12 units over 4 replicas")
+
+        # A graceful stop hands its units over at once: well before its Leases could expire.
+        began = time.monotonic()
+        await coordinators.pop("r0").stop()
+        await eventually(lambda: sum(recorder.owned().values()) == 12 and "r0" not in recorder.owned(), timeout=30)
+        assert time.monotonic() - began < 3.0, "a graceful stop must not wait for the lease duration"
+
+        # A dead member (no renewals, nothing released): its units move after the lease duration.
+        dead = coordinators.pop("r1")
+        await dead._supervisor.cancel("shard coordinator")
+        began = time.monotonic()
+        await eventually(lambda: "r1" not in {c.status()["units"][0]["holder"] for c in coordinators.values()} and
+                         all(recorder.running.get(u) not in (None, "r1") for u in recorder.unit_names) and
+                         not any(u["state"] == "waiting" for c in coordinators.values() for u in c.status()["units"]),
+                         timeout=30, what="r1's units taken over")
+        took = time.monotonic() - began
+        assert 1.5 <= took < 3.0 + 0.5 + 4.0, took  # expired (3 s after its last renewal) + retry + slack
+        # r1 still believes it holds them until its fences close: they close renew_deadline after its last renewal.
+        assert all(dead.fence_for(u) is None or not dead.fence_for(u).valid()  # type: ignore[union-attr]
+                   for u in recorder.unit_names)
+        await dead.stop()
+
+        for c in coordinators.values():
+            await c.stop()
+        assert recorder.running == {} and recorder.overlaps == []
+        # One holder per tenure, and a unit's tenures in order.
+        holders: dict[tuple[str, int], str] = {}
+        last: dict[str, int] = {}
+        for unit, holder, transitions in recorder.tenures:
+            assert holders.setdefault((unit, transitions), holder) == holder, (unit, transitions)
+            assert transitions >= last.get(unit, -1)
+            last[unit] = transitions
+        await asyncio.sleep(0)
+        assert len(asyncio.all_tasks()) <= tasks_before
+
+
+async def test_a_unit_whose_lease_is_taken_stops_at_once(control_plane: Any, namespace: str) -> None:
+    recorder = Recorder(1)
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        c = ShardCoordinator(client, config(namespace, lease_duration=30.0, renew_deadline=20.0), "only",
+                             recorder.kind_for("only"))
+        await c.start()
+        await eventually(lambda: recorder.running == {"u0": "only"})
+        fence = c.fence_for("u0")
+        assert fence is not None and fence.valid()
+        lease = c._units["u0"].lease
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
+        obj = await client.request("GET", path)
+        obj["spec"] = holder_spec(obj["spec"], "intruder", 30)
+        await client.request("PUT", path, body=obj)
+        await eventually(lambda: not fence.valid() and recorder.running == {}, timeout=10,
+                         what="the taken unit stopped well before renew_deadline")
+        assert c.status()["units"][0]["state"] in (UnitState.WAITING, UnitState.ELSEWHERE)
+        await c.stop()
