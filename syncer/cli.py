@@ -280,9 +280,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             if why:
                 logger.warning("controller {} requires {}, which the settings exclude ({}): it would wait forever; "
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
-    print(json.dumps(settings.masked(), indent=2, default=str))
     fleet = sorted(getattr(controllers, "fleet", {}))
     components = sorted(c.name for c in getattr(controllers, "components", ()))
+    if (fleet or components) and settings.sharding.enabled:
+        raise UsageError(f"fleet controller(s) {', '.join(fleet + components)} need every member cluster in one "
+                         "process: they cannot run with [sharding] enabled (turn it off, or remove their plugin)")
+    print(json.dumps(settings.masked(), indent=2, default=str))
     print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}" +
           (f"; {len(fleet)} fleet controller(s): {', '.join(fleet)}" if fleet else "") +
           (f"; {len(components)} fleet component(s): {', '.join(components)}" if components else ""))
@@ -346,6 +349,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         troubled = [(t["name"], t["state"] + (" (wedged)" if t.get("wedged") else ""), str(t["restarts"]),
                      t["last_error"]) for t in doc.get("tasks", []) if t["last_error"] or not t["healthy"]]
         fleet = _fleet_tables(doc["clusters"]) if doc.get("clusters") is not None else []
+        fleet += _shard_tables(doc["sharding"]) if doc.get("sharding") is not None else []
     except (urllib.error.URLError, OSError) as e:
         print(f"error: no syncer answering at {url}: {e}", file=sys.stderr)
         return 1
@@ -378,6 +382,24 @@ def _fleet_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
         tables.append([("FLEET CONTROLLER", "GVR", "CLUSTERS", "RECONCILES", "ERRORS", "LAST ERROR")] + [
             (f["name"], f["gvr"], ",".join(display_name(n) for n in f["clusters"]) or "-", str(f["reconciles"]),
              str(f["reconcile_errors"]), f.get("last_reconcile_error") or "") for f in doc["fleet_controllers"]])
+    return tables
+
+
+def _shard_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
+    """The sharding part of ``syncer status``: the live members, then every unit with its state here, the holder
+    of its Lease and the member the assignment gives it."""
+    owned = {d["identity"]: 0 for d in doc["members"]}
+    for u in doc["units"]:
+        if u["holder"] in owned:
+            owned[u["holder"]] += 1
+    members = [("SHARD MEMBER", "UNITS HELD")] + [
+        (f"{m}{' (this replica)' if m == doc['identity'] else ''}", str(n)) for m, n in owned.items()]
+    units = [(f"{doc['kind'].upper()} UNIT", "STATE HERE", "LEASE HOLDER", "TRANSITIONS", "ASSIGNED TO")] + [
+        (display_name(u["unit"]) if doc["kind"] == "cluster" else u["unit"], u["state"], u["holder"] or "-",
+         "-" if u["transitions"] is None else str(u["transitions"]), u["assigned"] or "-") for u in doc["units"]]
+    tables = [members, units]
+    if doc.get("stuck"):
+        tables.append([("STUCK CONTROLLER (lease kept)",)] + [(n,) for n in doc["stuck"]])
     return tables
 
 

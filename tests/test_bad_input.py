@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from syncer.settings import Clusters, LeaderElection, Settings, SettingsError, Webhooks, load_settings
+from syncer.settings import Clusters, LeaderElection, Settings, SettingsError, Sharding, Webhooks, load_settings
 from syncer.testing import ControlPlane
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,12 +266,25 @@ CASES: dict[str, Case] = {
     # the file itself, unknown names, environment variables, options
     "broken-toml": Case(
         "workers = [\n", "settings file '@SETTINGS@' is not valid TOML: Invalid value (at end of document)"),
+    "sharding-renew-deadline": Case(
+        '[sharding]\nenabled = true\nlease_duration = "8s"\nrenew_deadline = "8s"',
+        "setting 'sharding.renew_deadline' must be a duration > 0 and < lease_duration (8s), got '8s'; set it in "
+        "the settings file or in SYNCER_SHARDING__RENEW_DEADLINE"),
+    "sharding-cluster-units": Case(
+        '[sharding]\nenabled = true\nunits = "clusters"',
+        "setting 'sharding.units' must be \"auto\" or \"controllers\" while [clusters] is off, got 'clusters' "
+        "(clusters are units only in multi-cluster mode: set [clusters] enabled = true); set it in the settings "
+        "file or in SYNCER_SHARDING__UNITS"),
+    "sharding-fleet-controllers": Case(
+        'plugins = ["examples.plugins.fleet_report"]\n[clusters]\nenabled = true\n[sharding]\nenabled = true',
+        "fleet controller(s) fleet-widgets need every member cluster in one process: they cannot run with "
+        "[sharding] enabled (turn it off, or remove their plugin)"),
     "unknown": Case(
         "wokers = 2",
         "unknown setting 'wokers' in settings file '@SETTINGS@' (did you mean 'workers'?); known settings are "
         "check_permissions, clusters, context, entry_point_plugins, exclude, http_bind, in_cluster, include, "
         "kubeconfig, leader_election, log_format, log_level, namespace, plugin_settings, plugins, "
-        "preferred_version_only, rediscovery_interval, resync, shutdown_timeout, start_timeout, uvloop, watch, "
+        "preferred_version_only, rediscovery_interval, resync, sharding, shutdown_timeout, start_timeout, uvloop, watch, "
         "webhooks, workers"),
     "unknown-nested": Case(
         "[leader_election]\nenable = true",
@@ -351,7 +364,8 @@ def test_every_setting_is_type_checked_and_documented(tmp_path: Path, monkeypatc
     """A wrong type for any setting (here: a table) is rejected naming the setting; each one is documented."""
     for name in [k for k in os.environ if k.startswith("SYNCER_")]:
         monkeypatch.delenv(name)
-    tables = {"leader_election": LeaderElection, "webhooks": Webhooks, "clusters": Clusters}
+    tables = {"leader_election": LeaderElection, "webhooks": Webhooks, "clusters": Clusters,
+              "sharding": Sharding}
     names = [f.name for f in fields(Settings) if f.name not in ("source", *tables)]
     names += [f"{t}.{f.name}" for t, cls in tables.items() for f in fields(cls)]
     for name in names:
