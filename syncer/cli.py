@@ -100,6 +100,14 @@ def _plugins(settings: Settings) -> dict[str, Any]:
         raise UsageError(str(e)) from None
 
 
+def _refuse_fleet_with_sharding(settings: Settings, plugins: Any) -> None:
+    from .runtime import sharding_refusal
+
+    refused = sharding_refusal(settings, plugins)
+    if refused:
+        raise UsageError(refused)
+
+
 def event_loop(settings: Settings) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
     """The loop factory for ``syncer run`` (None: asyncio's default) and a note on which loop that is and why.
 
@@ -225,6 +233,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     setup_logging(settings.log_level, settings.log_format)
     controllers = _plugins(settings)
+    _refuse_fleet_with_sharding(settings, controllers)
     planes: list[Any] = []
     if args.local:
         from .testing import AssetsError, ControlPlaneError  # test tooling: only when asked for
@@ -282,9 +291,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
     fleet = sorted(getattr(controllers, "fleet", {}))
     components = sorted(c.name for c in getattr(controllers, "components", ()))
-    if (fleet or components) and settings.sharding.enabled:
-        raise UsageError(f"fleet controller(s) {', '.join(fleet + components)} need every member cluster in one "
-                         "process: they cannot run with [sharding] enabled (turn it off, or remove their plugin)")
+    _refuse_fleet_with_sharding(settings, controllers)
     print(json.dumps(settings.masked(), indent=2, default=str))
     print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}" +
           (f"; {len(fleet)} fleet controller(s): {', '.join(fleet)}" if fleet else "") +

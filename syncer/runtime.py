@@ -199,10 +199,9 @@ class Syncer:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then shut down within ``shutdown_timeout``."""
         small_tls_read_buffers()
-        fleet_level = sorted([*self.fleet, *(c.name for c in self.components)])
-        if self.settings.sharding.enabled and fleet_level:
-            raise StartupError(f"fleet controller(s) {', '.join(fleet_level)} need every member cluster in one "
-                               "process: they cannot run with [sharding] enabled (turn it off, or remove their plugin)")
+        refused = sharding_refusal(self.settings, self.controllers)
+        if refused:
+            raise StartupError(refused)
         try:
             await self.http.start()
         except OSError as e:
@@ -480,6 +479,15 @@ class Syncer:
             await self.factory.shutdown()
         await self.client.close()
         self._log.info("stopped")
+
+
+def sharding_refusal(settings: Settings, plugins: Any) -> str | None:
+    """Why these plugins cannot run with these settings' sharding (fleet-level work needs every cluster), or None."""
+    fleet = sorted([*getattr(plugins, "fleet", {}), *(c.name for c in getattr(plugins, "components", ()))])
+    if fleet and settings.sharding.enabled:
+        return (f"fleet controller(s) {', '.join(fleet)} need every member cluster in one process: they cannot "
+                "run with [sharding] enabled (turn it off, or remove their plugin)")
+    return None
 
 
 def _component_status(component: Any) -> dict[str, Any]:
