@@ -103,7 +103,8 @@ class Replica:
     all: list["Replica"] = []
 
     def __init__(self, identity: str, cp: Any, tag: str, group: str, secrets_ns: str, *, retry: float = 2.0,
-                 min_hold: float = 0.0, iterations: int = 0, requeue: bool = False) -> None:
+                 min_hold: float = 0.0, iterations: int = 0, requeue: bool = False,
+                 plugin: dict[str, Any] | None = None) -> None:
         self.identity = identity
         self.port = _port()
         self.settings = OUT / f"sharding-{tag}-{identity}.toml"
@@ -128,7 +129,7 @@ min_hold = "{min_hold:g}s"
 [plugin_settings.plugins_sharding_busy]
 iterations = {iterations}
 requeue = {"true" if requeue else "false"}
-""")
+""" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in (plugin or {}).items()))
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.exited: float | None = None
@@ -381,12 +382,12 @@ def member_kubeconfig(cp: Any) -> bytes:
 
 
 async def setup(api: ApiClient, cp: Any, clusters: int, busy_clusters: int) -> None:
-    for ns in ("secrets", "secrets-busy", "probe"):
+    for ns in ("secrets", "secrets-busy", "secrets-stall", "probe"):
         await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
     await api.request("POST", "/api/v1/namespaces/probe/configmaps", body={"metadata": {"name": "tick"},
                                                                           "data": {"k": "v"}})
     data = base64.b64encode(member_kubeconfig(cp)).decode()
-    for ns, n in (("secrets", clusters), ("secrets-busy", busy_clusters)):
+    for ns, n in (("secrets", clusters), ("secrets-busy", busy_clusters), ("secrets-stall", 4)):
         await asyncio.gather(*(api.request("POST", f"/api/v1/namespaces/{ns}/secrets", body={
             "metadata": {"name": f"c{i:03d}", "labels": LABELS}, "data": {"kubeconfig": data}}) for i in range(n)))
 
@@ -474,7 +475,7 @@ async def cold_and_handover(http: aiohttp.ClientSession, cp: Any, n_units: int, 
                 text = await get_text(http, victim.url + "/metrics")
                 if text:
                     last_victim.append(hist(text))
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.01)
 
         scraper = asyncio.create_task(scrape_victim())
         views = []
@@ -588,6 +589,39 @@ async def busy(http: aiohttp.ClientSession, cp: Any, n_units: int, rnd: int, n: 
         await stop_all(reps)
 
 
+async def stall(http: aiohttp.ClientSession, cp: Any, n_units: int, stall_s: float) -> dict[str, Any]:
+    """1 replica, ``n_units`` clusters reconciling every 0.5 s; its first reconcile blocks the loop ``stall_s``
+    (more than renew_deadline, less than lease_duration): do the units' controllers come back afterwards?"""
+    r = Replica("r0", cp, "stall", "stall", "secrets-stall",
+                plugin={"requeue": True, "requeue_after": 0.5, "stall_s": stall_s})
+    try:
+        r.start()
+        await poll_until(http, [r], lambda v: v.full(n_units), 0.2, 120)
+        t_full = time.time()
+        await asyncio.sleep(stall_s + 5)
+
+        async def per_cluster() -> tuple[dict[str, float], dict[str, Any]]:
+            text = await get_text(http, r.url + "/metrics")
+            return ({labels["cluster"]: v for name, labels, v in samples(text, "bench_busy_cluster_reconciles_total")
+                     if name == "bench_busy_cluster_reconciles_total"}, hist(text))
+
+        k0, _ = await per_cluster()
+        await asyncio.sleep(10)
+        k1, h = await per_cluster()
+        v = View(time.time(), await shard_status(http, [r]))
+        running = sorted(u for u in v.units if v.runner(u) == "r0")
+        reconciling = sorted(c for c in k1 if k1[c] > k0.get(c, 0))
+        text = r.log.read_text()
+        out = {"stall_s": stall_s, "units": n_units, "running_per_status": len(running),
+               "reconciling_in_10s": len(reconciling), "lost_total": h["lost"],
+               "parked_log_lines": text.count("leadership term ended; not starting"),
+               "stopping_unit_log_lines": text.count("stopping unit"), "t_full": t_full}
+        log("stall", **out)
+        return out
+    finally:
+        await r.stop()
+
+
 async def harness(args: argparse.Namespace) -> dict[str, Any]:
     from syncer.testing import ControlPlane
 
@@ -617,6 +651,8 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                 retries = [2.0 if i % 2 == 0 else 1.0 for i in range(args.idle_rounds * 2 - 1)]
                 for rnd, retry in enumerate(retries):
                     results["steady"].append(await steady(http, cp, api_m, args.clusters, rnd, retry, args.idle))
+            if "stall" not in skip:
+                results["stall"] = await stall(http, cp, 4, 11.0)
             if "busy" not in skip:
                 results["busy"] = []
                 for rnd in range(args.busy_rounds):
@@ -659,6 +695,8 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
             xs = [x for x in r["steady"] if x["retry"] == retry]
             s[f"steady.{retry:g}s.leases_per_s"] = mmm([x["leases_total_per_s"] - base for x in xs])
             s[f"steady.{retry:g}s.cpu_pct"] = mmm([c for x in xs for c in x["cpu_pct"].values()])
+    if r.get("stall"):
+        s["stall"] = r["stall"]
     if r.get("busy"):
         for n in (1, 2, 3):
             xs = [x["total_per_s"] for x in r["busy"] if x["replicas"] == n]
@@ -679,7 +717,7 @@ def main() -> None:
     p.add_argument("--busy-window", type=float, default=30.0)
     p.add_argument("--busy-rounds", type=int, default=2)
     p.add_argument("--work-ms", type=float, default=5.0, help="CPU per busy reconcile")
-    p.add_argument("--skip", nargs="*", default=[], choices=["cold", "idle", "busy"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["cold", "idle", "busy", "stall"])
     p.add_argument("--json", default=str(OUT / "sharding.json"))
     args = p.parse_args()
     results = asyncio.run(harness(args))

@@ -13,6 +13,7 @@ from .factory import DynamicSharedInformerFactory
 from .frozen import FrozenDict, FrozenList, ReadOnlyError, deep_copy
 from .gvr import GVR
 from .gvr_listeners import GVRHandler
+from .object_shard import ObjectShard
 from .lister import Lister
 from .mapper import NoMatchError, RESTMapper
 from .metrics import InformerMetrics
@@ -40,7 +41,7 @@ __all__ = [
     "DiscoveryClient", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
     "FenceError", "FuncHandler", "GVR", "GVRHandler", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",
     "InformerSource", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",
-    "ResourceFilter", "ResourceInfo", "Rule", "SelectorError", "SharedIndexInformer", "Store", "Subscription",
+    "ObjectShard", "ResourceFilter", "ResourceInfo", "Rule", "SelectorError", "SharedIndexInformer", "Store", "Subscription",
     "Supervisor", "TaskHandle", "TaskHealth", "TaskState", "drop_managed_fields", "object_key", "wait_first",
     "AlreadyExists", "Conflict", "Forbidden", "Gone", "Invalid", "NoMatchError", "NotFound", "RESTMapper",
     "ResourceClient", "TooManyRequests", "Unauthorized", "UnsupportedMediaType",

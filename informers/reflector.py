@@ -44,6 +44,7 @@ from .client import CONNECTION_ERRORS, ApiClient
 from .errors import ApiError
 from .gvr import GVR
 from .metrics import InformerMetrics
+from .object_shard import ObjectShard
 from .store import Obj, object_key
 from .wait import wait_first
 
@@ -98,6 +99,7 @@ class Reflector:
         label_selector: str | None = None, field_selector: str | None = None,
         options: ReflectorOptions | None = None, metrics: InformerMetrics | None = None,
         on_error: Callable[[Exception], None] | None = None, transform: Callable[[Obj], Obj] | None = None,
+        shard: ObjectShard | None = None,
     ) -> None:
         self.client = client
         self.gvr = gvr
@@ -105,10 +107,14 @@ class Reflector:
         self.namespace = namespace
         self.options = options or ReflectorOptions()
         self.path = gvr.path(namespace)
-        self.selectors = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        self.selectors = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector),
+                                            ("shardSelector", shard.selector() if shard else None)) if v}
+        self.shard = shard
+        self.shard_served: bool | None = None  # whether the last list came back filtered by the server
         self.resource_version = ""
         self.last_error: Exception | None = None
-        self.use_watch_list = self.options.watch_list
+        # A sharded informer syncs by list: only a list answer says whether the server applied the shard selector.
+        self.use_watch_list = False if shard is not None else self.options.watch_list
         self._on_error = on_error
         # Applied as each object is decoded, so that what it drops (managedFields) never piles up in a big
         # list or the watch-list's pending set: freed later, that memory would stay with the process.
@@ -271,7 +277,12 @@ class Reflector:
             if kind.endswith("List"):
                 kind = kind[:-4]
             transform = self._transform
+            shard = self.shard
+            if shard is not None:
+                self.shard_served = "shardInfo" in (page.get("metadata") or {})
             for item in page.get("items") or ():
+                if shard is not None and not shard.contains(item):
+                    continue
                 # LIST items lack apiVersion/kind; set them so cached objects look like watched ones.
                 item.setdefault("apiVersion", api_version)
                 item.setdefault("kind", kind)
@@ -328,6 +339,7 @@ class Reflector:
         pending: dict[str, Obj] | None = {} if initial else None
         sink_apply = self.sink.apply
         transform = self._transform
+        shard = self.shard
         counts = self.event_counts
         async with self.client.stream(self.path, params, self.options.inactivity_timeout) as events:
             # Watching again: the last failure no longer describes the informer (it shows in status and
@@ -354,6 +366,10 @@ class Reflector:
                     raise ApiError.from_status(obj)
                 count += 1
                 counts[typ] += 1
+                if shard is not None and not shard.contains(obj):  # a server that ignores or cannot apply it
+                    if pending is None:
+                        self.resource_version = obj["metadata"]["resourceVersion"]
+                    continue
                 if transform is not None:
                     obj = transform(obj)
                 if pending is not None:

@@ -21,6 +21,7 @@ from .frozen import freeze, read_only_cache
 from .gvr import GVR
 from .lister import Lister
 from .metrics import InformerMetrics
+from .object_shard import ObjectShard
 from .reflector import Reflector, ReflectorOptions
 from .store import DeletedFinalStateUnknown, IndexFunc, Obj, Store, object_key
 
@@ -183,7 +184,7 @@ class SharedIndexInformer:
         self, client: ApiClient, gvr: GVR, *, namespace: str | None = None, label_selector: str | None = None,
         field_selector: str | None = None, indexers: Mapping[str, IndexFunc] | None = None,
         transform: Transform | None = None, options: ReflectorOptions | None = None,
-        metrics: InformerMetrics | None = None,
+        metrics: InformerMetrics | None = None, shard: ObjectShard | None = None,
     ) -> None:
         self.gvr = gvr
         self.namespace = namespace
@@ -204,7 +205,7 @@ class SharedIndexInformer:
         self.reflector = Reflector(
             client, gvr, self, namespace=namespace, label_selector=label_selector, field_selector=field_selector,
             options=options, metrics=self._metrics, on_error=self._reflector_error,
-            transform=_then_freeze(transform) if self._read_only else transform,
+            transform=_then_freeze(transform) if self._read_only else transform, shard=shard,
         )
         self._metrics.objects.labels(self._gvr_label).set_function(lambda: len(self.store))
 
