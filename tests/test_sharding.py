@@ -18,6 +18,7 @@ from syncer.rendezvous import assign
 from syncer.settings import Sharding, SettingsError, load_settings
 from syncer.shards import ShardCoordinator, UnitFence, UnitState
 from tests.helpers import eventually
+from tests.test_syncer import sidecars  # noqa: F401 (fixture)
 
 
 # -- assignment ------------------------------------------------------------------------------------------------
@@ -219,3 +220,46 @@ async def test_a_unit_whose_lease_is_taken_stops_at_once(control_plane: Any, nam
                          what="the taken unit stopped well before renew_deadline")
         assert c.status()["units"][0]["state"] in (UnitState.WAITING, UnitState.ELSEWHERE)
         await c.stop()
+
+
+# -- the sidecar, controllers as units -----------------------------------------------------------------------------
+def test_sidecars_share_controllers_and_hand_them_over_on_sigterm(control_plane: Any, tmp_path: Any,
+                                                                  sidecars: Any) -> None:  # noqa: F811
+    import signal
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    group = f"g{uuid.uuid4().hex[:8]}"
+    writer = str(Path(__file__).resolve().parent / "plugins" / "shard_writer.py")
+    extra = ('watch = "required"\n[sharding]\nenabled = true\n'
+             f'group = "{group}"\nlease_duration = "6s"\nrenew_deadline = "4s"\nretry_period = "0.5s"\n'
+             'min_hold = "0s"\n')
+    plugins = ("examples.plugins.widget_status", "examples.plugins.configmap_mirror", writer)
+    cars = [sidecars(str(control_plane.kubeconfig), name=f"s{i}-{group}", extra=extra, plugins=plugins)
+            for i in range(2)]
+
+    def running(car: Any) -> set[str]:
+        doc = car.status().get("sharding") or {}
+        return {u["unit"] for u in doc.get("units", []) if u["state"] == "running"}
+
+    names = {"widget-status", "configmap-mirror", "shard-writer"}
+    cars[0].wait(lambda: running(cars[0]) | running(cars[1]) == names and not running(cars[0]) & running(cars[1])
+                 and all(len(c.status()["sharding"]["members"]) == 2 for c in cars), "3 controllers over 2 replicas")
+    assert {len(running(c)) for c in cars} == {1, 2}
+    out = subprocess.run([sys.executable, "-m", "syncer", "status", "--url",
+                          f"http://127.0.0.1:{cars[0].port}/status"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "SHARD MEMBER" in out.stdout and "CONTROLLER UNIT" in out.stdout and "(this replica)" in out.stdout
+    for name in running(cars[0]):
+        assert name in out.stdout
+    # The controllers this replica runs show in its CONTROLLER table (a controller elsewhere does not).
+    assert {c["name"] for c in cars[0].status()["controllers"]} == running(cars[0])
+
+    began = time.monotonic()
+    cars[1].proc.send_signal(signal.SIGTERM)
+    assert cars[1].proc.wait(30) == 0, cars[1].log[-3000:]
+    cars[0].wait(lambda: running(cars[0]) == names, "every controller on the remaining replica", timeout=20)
+    assert time.monotonic() - began < 6.0, "handed over, not left to expire"
+    assert "handing unit" in cars[1].log
