@@ -12,6 +12,9 @@ whoever asks first. A process resumed after a pause past that point (SIGSTOP, a 
 finds its fence closed before any of its queued work runs. The standby cannot take the lease before
 ``lease_duration`` has passed on its own clock, so ``lease_duration - renew_deadline`` is the margin in which
 the old term's controllers must stop.
+
+The Lease rules (what was observed when, transitions, the renewal deadline) are ``lease.py``'s, shared with the
+shard coordinator (``shards.py``), for which a leadership term is the one-unit case.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from loguru import logger
 from informers import ApiClient, ApiError
 from informers.client import CONNECTION_ERRORS
 
-from .lease import LEASES_PATH, Observation, holder_spec, lease_body, released_spec
+from .lease import LEASES_PATH, Observation, RenewFence, holder_spec, lease_body, released_spec
 from .settings import LeaderElection
 
 
@@ -50,7 +53,7 @@ class _TermFence:
         """Seconds this term still holds (0 once it has ended)."""
         if not self.valid():
             return 0.0
-        return self._elector._last_renew + self._elector.config.renew_deadline - time.monotonic()
+        return self._elector.renewal.remaining()
 
 
 class LeaderElector:
@@ -63,7 +66,7 @@ class LeaderElector:
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{config.lease_namespace}/leases/{config.lease_name}"
         self.is_leader = False
         self._observed = Observation()
-        self._last_renew = float("-inf")  # monotonic time the last successful acquire/renew was sent
+        self.renewal = RenewFence(config.renew_deadline)  # when the last successful acquire/renew was sent
         self._term = 0
         self._log = logger.bind(lease=f"{config.lease_namespace}/{config.lease_name}", identity=self.identity)
 
@@ -74,7 +77,7 @@ class LeaderElector:
 
     def term_valid(self) -> bool:
         """Whether this replica leads now: it holds the lease and renewed it less than ``renew_deadline`` ago."""
-        return self.is_leader and time.monotonic() - self._last_renew < self.config.renew_deadline
+        return self.is_leader and self.renewal.valid()
 
     def fence(self) -> _TermFence:
         """The fence of the current term: it stays closed once this term ends, even if a later one begins."""
@@ -91,7 +94,7 @@ class LeaderElector:
         """Renew until the term ends (then return): ``renew_deadline`` after the last successful renewal, or at
         once when someone else holds the lease. Cancel to stop renewing."""
         while self.term_valid():
-            remaining = self._last_renew + self.config.renew_deadline - time.monotonic()
+            remaining = self.renewal.remaining()
             try:
                 async with asyncio.timeout(remaining):
                     await asyncio.sleep(self.config.retry_period)
@@ -174,7 +177,7 @@ class LeaderElector:
 
     def _renewed(self, sent_at: float) -> None:
         # Counted from when the request was sent: the server may have stamped renewTime any time after that.
-        self._last_renew = sent_at
+        self.renewal.renewed(sent_at)
         self.is_leader = True
 
 

@@ -138,7 +138,7 @@ async def test_an_unreachable_apiserver_ends_the_term_at_the_renew_deadline(cont
         # new connections are refused and current ones freeze: requests hang rather than fail
         proxy.refuse = True
         proxy.freeze()
-        last = elector._last_renew
+        last = elector.renewal.last_renew
         await asyncio.wait_for(holding, 5)
         ended = time.monotonic()
         assert not fence.valid() and not elector.is_leader
@@ -158,12 +158,12 @@ async def test_the_leader_keeps_renewing_while_connections_are_cut(control_plane
         await asyncio.wait_for(elector.acquire(), 10)
         fence = elector.fence()
         holding = asyncio.create_task(elector.hold())
-        renewed = elector._last_renew
+        renewed = elector.renewal.last_renew
         for _ in range(10):  # cut every connection, mid-request or idle, for three renew deadlines
             await asyncio.sleep(0.6)
             proxy.cut()
             assert fence.valid() and not holding.done()
-        assert elector._last_renew > renewed
+        assert elector.renewal.last_renew > renewed
         holding.cancel()
         await asyncio.gather(holding, return_exceptions=True)
         assert fence.valid()
