@@ -127,12 +127,12 @@ renew_deadline = "10s"
 retry_period = "{retry:g}s"
 min_hold = "{min_hold:g}s"
 [plugin_settings.plugins_sharding_busy]
-iterations = {iterations}
-requeue = {"true" if requeue else "false"}
-""" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in (plugin or {}).items()))
+""" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in {"iterations": iterations, "requeue": requeue,
+                                                       **(plugin or {})}.items()))
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.exited: float | None = None
+        self.terminated = False
         Replica.all.append(self)
 
     @property
@@ -143,7 +143,7 @@ requeue = {"true" if requeue else "false"}
         self.started = time.time()
         self.proc = subprocess.Popen([str(PYTHON), "-m", "syncer", "run", "--settings", str(self.settings),
                                       "--identity", self.identity], cwd=ROOT, stdin=subprocess.DEVNULL,
-                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT, preexec_fn=_pdeathsig)
+                                     stdout=self.log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=_pdeathsig)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -155,6 +155,7 @@ requeue = {"true" if requeue else "false"}
         return (int(fields[11]) + int(fields[12])) / CLK
 
     def terminate(self) -> None:
+        self.terminated = True
         if self.alive():
             assert self.proc is not None
             self.proc.send_signal(signal.SIGTERM)
@@ -280,6 +281,9 @@ async def poll_until(http: aiohttp.ClientSession, replicas: list[Replica], done:
             views.append(v)
         if done(v):
             return v
+        dead = [r.identity for r in replicas if r.proc is not None and not r.terminated and not r.alive()]
+        if dead:
+            raise RuntimeError(f"replica(s) {dead} exited (see bench/out/sharding-*.log)")
         if time.monotonic() > deadline:
             raise TimeoutError(f"not converged after {timeout}s: members {v.members}, "
                                f"owned {sum(1 for u in v.units if v.owned.get(u))}/{len(v.units)}, "
@@ -531,7 +535,8 @@ async def steady(http: aiohttp.ClientSession, cp: Any, api_m: Apiserver, n_units
                "leases_total_per_s": sum(leases.values()), "other_per_s": other,
                "cpu_pct": {i: (c1[i] - c0[i]) / wall * 100 for i in names},
                "still_balanced": v.balanced(n_units, names),
-               "lost": sum(h["lost"] for h in hs.values()), "expected": (n_units + 3) / retry}
+               "lost": sum(h["lost"] for h in hs.values()), "expected": (n_units + 3) / retry,
+               "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
         log("steady", **{k: v for k, v in out.items() if k != "other_per_s"})
         return out
     finally:
@@ -612,11 +617,49 @@ async def stall(http: aiohttp.ClientSession, cp: Any, n_units: int, stall_s: flo
         running = sorted(u for u in v.units if v.runner(u) == "r0")
         reconciling = sorted(c for c in k1 if k1[c] > k0.get(c, 0))
         text = r.log.read_text()
-        out = {"stall_s": stall_s, "units": n_units, "running_per_status": len(running),
+        health = await get_text(http, r.url + "/healthz")
+        out = {"healthz": json.loads(health) if health else None,
+               "stall_s": stall_s, "units": n_units, "running_per_status": len(running),
                "reconciling_in_10s": len(reconciling), "lost_total": h["lost"],
                "parked_log_lines": text.count("leadership term ended; not starting"),
                "stopping_unit_log_lines": text.count("stopping unit"), "t_full": t_full}
         log("stall", **out)
+        return out
+    finally:
+        await r.stop()
+
+
+async def no_yield(http: aiohttp.ClientSession, cp: Any, n_units: int, iterations: int) -> dict[str, Any]:
+    """1 replica, ``n_units`` clusters, a CPU-only reconcile that never awaits, requeued at once (``yield = false``):
+    does the process stay responsive, and do the units keep reconciling?"""
+    r = Replica("r0", cp, "noyield", "noyield", "secrets-stall",
+                plugin={"iterations": iterations, "requeue": True, "yield": False})
+    try:
+        t0 = time.time()
+        r.start()
+        await poll_until(http, [r], lambda v: v.full(n_units), 0.2, 120)
+        t_full = time.time() - t0
+        await asyncio.sleep(3)
+
+        async def count() -> float:
+            text = await get_text(http, r.url + "/metrics")
+            return sum(v for name, _, v in samples(text, "bench_busy_reconciles_total"))
+
+        k0 = await count()
+        await asyncio.sleep(10)
+        k1 = await count()
+        stamps = []
+        for line in r.log.read_text().splitlines():
+            try:
+                stamps.append(time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + float(line[19:23]))
+            except ValueError:
+                continue
+        text = r.log.read_text()
+        out = {"units": n_units, "to_full_s": t_full, "reconciles_in_10s_after": k1 - k0,
+               "max_log_gap_s": max((b - a for a, b in zip(stamps, stamps[1:])), default=None),
+               "parked_log_lines": text.count("leadership term ended; not starting"),
+               "stopping_unit_log_lines": text.count("stopping unit")}
+        log("no-yield", **out)
         return out
     finally:
         await r.stop()
@@ -653,6 +696,8 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     results["steady"].append(await steady(http, cp, api_m, args.clusters, rnd, retry, args.idle))
             if "stall" not in skip:
                 results["stall"] = await stall(http, cp, 4, 11.0)
+            if "noyield" not in skip:
+                results["no_yield"] = await no_yield(http, cp, 4, iterations)
             if "busy" not in skip:
                 results["busy"] = []
                 for rnd in range(args.busy_rounds):
@@ -697,6 +742,8 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
             s[f"steady.{retry:g}s.cpu_pct"] = mmm([c for x in xs for c in x["cpu_pct"].values()])
     if r.get("stall"):
         s["stall"] = r["stall"]
+    if r.get("no_yield"):
+        s["no_yield"] = r["no_yield"]
     if r.get("busy"):
         for n in (1, 2, 3):
             xs = [x["total_per_s"] for x in r["busy"] if x["replicas"] == n]
@@ -717,7 +764,7 @@ def main() -> None:
     p.add_argument("--busy-window", type=float, default=30.0)
     p.add_argument("--busy-rounds", type=int, default=2)
     p.add_argument("--work-ms", type=float, default=5.0, help="CPU per busy reconcile")
-    p.add_argument("--skip", nargs="*", default=[], choices=["cold", "idle", "busy", "stall"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["cold", "idle", "busy", "stall", "noyield"])
     p.add_argument("--json", default=str(OUT / "sharding.json"))
     args = p.parse_args()
     results = asyncio.run(harness(args))

@@ -251,9 +251,9 @@ class ClusterRegistry:
             self._add(_Member(LOCAL_CLUSTER, "local", None))
         for key in sorted(k for k, n in self._by_secret.items() if n == name):
             self._sync(key)
-        member = self._members.get(name)
-        if member is not None:
-            await member.up.wait()
+        # Until the member registered under the name is up (one replacing it meanwhile counts), or none is.
+        while (member := self._members.get(name)) is not None and not member.up.is_set():
+            await wait_first(member.up.wait(), timeout=1.0)
 
     async def disengage(self, name: str) -> None:
         """Stop cluster ``name`` here (handlers' cleanups, informers, connections), awaited; the gate has closed."""

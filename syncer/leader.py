@@ -158,7 +158,7 @@ class LeaderElector:
             return False
         current = lease.get("spec") or {}
         self._observed.see(current, now)
-        if not self._observed.free(self.identity, now):
+        if not self._observed.free(self.identity, now, self.config.lease_duration):
             self.is_leader = False
             return False
         lease["spec"] = spec = holder_spec(current, self.identity, duration)

@@ -11,6 +11,7 @@ from a live holder (or leaves it with a dead one) when clocks drift.
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +35,14 @@ def holder_spec(current: dict[str, Any] | None, identity: str, duration: float) 
         acquired = current.get("acquireTime") or now
     elif current:
         transitions += 1
-    return {"holderIdentity": identity, "leaseDurationSeconds": max(1, round(duration)), "acquireTime": acquired,
+    return {"holderIdentity": identity, "leaseDurationSeconds": lease_seconds(duration), "acquireTime": acquired,
             "renewTime": now, "leaseTransitions": transitions}
+
+
+def lease_seconds(duration: float) -> int:
+    """``leaseDurationSeconds`` for ``duration``: rounded up, so that others never wait less than configured (a
+    rounded-down 2.4 s would let a taker in before a 2.2 s renew deadline has closed the holder's fence)."""
+    return max(1, math.ceil(duration))
 
 
 def released_spec(current: dict[str, Any]) -> dict[str, Any]:
@@ -67,23 +74,36 @@ class Observation:
 
     def see(self, spec: dict[str, Any] | None, now: float | None = None) -> bool:
         """Record ``spec`` as seen now; True if the record changed (only a change restarts the clock)."""
-        spec = spec or {}
-        record = (spec.get("holderIdentity") or "", spec.get("renewTime"), float(spec.get("leaseDurationSeconds") or 0))
-        self.transitions = int(spec.get("leaseTransitions") or 0)
-        if record == (self.holder, self.renew_time, self.duration):
+        record = _record(spec)
+        self.transitions = int((spec or {}).get("leaseTransitions") or 0)
+        if self.matches(spec):
             return False
         self.holder, self.renew_time, self.duration = record
         self.at = time.monotonic() if now is None else now
         return True
+
+    def matches(self, spec: dict[str, Any] | None) -> bool:
+        """Whether ``spec`` is the record last seen (a cache may be ahead of what its handlers have told)."""
+        return _record(spec) == (self.holder, self.renew_time, self.duration)
 
     def expired(self, now: float | None = None, default_duration: float = 15.0) -> bool:
         """Whether the holder has not renewed for its lease duration, as this process saw it."""
         now = time.monotonic() if now is None else now
         return self.at + (self.duration or default_duration) <= now
 
-    def free(self, identity: str, now: float | None = None) -> bool:
+    def free(self, identity: str, now: float | None = None, default_duration: float = 15.0) -> bool:
         """Whether ``identity`` may take the Lease now: nobody holds it, its holder let it expire, or it is ours."""
-        return not self.holder or self.holder == identity or self.expired(now)
+        return not self.holder or self.holder == identity or self.expired(now, default_duration)
+
+    def free_for(self, now: float | None = None, default_duration: float = 15.0) -> float:
+        """For how long the Lease has been free (released, or its holder's duration passed); negative if not."""
+        now = time.monotonic() if now is None else now
+        return now - self.at - (self.duration or default_duration if self.holder else 0.0)
+
+
+def _record(spec: dict[str, Any] | None) -> tuple[str, str | None, float]:
+    spec = spec or {}
+    return spec.get("holderIdentity") or "", spec.get("renewTime"), float(spec.get("leaseDurationSeconds") or 0)
 
 
 class RenewFence:

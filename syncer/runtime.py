@@ -413,9 +413,10 @@ class Syncer:
 
     async def _stop_shards(self) -> None:
         """Hand every unit over, then stop the registry of member clusters (sharded multi-cluster mode)."""
-        shards, self.shards = self.shards, None
+        shards = self.shards
         if shards is not None:
-            await shards.stop()
+            await shards.stop()  # /status shows the handovers meanwhile
+            self.shards = None
             self._stuck += [n for n in shards.stuck if n not in self._stuck]
         if self.registry is not None and not self._stuck:
             registry, self.registry = self.registry, None

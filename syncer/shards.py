@@ -15,6 +15,12 @@ the same rules (``leader.py``, ``lease.py``).
   through its Lease watch and takes it at once. multicluster-runtime releases the fence while the old work is
   still being cancelled. A graceful stop deletes the member Lease first (the others re-assign at once), then
   hands every unit over the same way.
+- Takes are decided only on a view of the Lease that is as new as the cached object written over (the cache
+  is filled before its handlers run), and only once the first list has been seen: a decision made on an older
+  view would pass the resourceVersion check and take a unit from a live holder's hands.
+- No unit is left unowned: one free for a whole lease duration (members that disagree on the set of units, as
+  during a rollout that adds a controller, could each leave it to the other) is taken by any live member, and
+  the assignment moves it on later. Member Leases of replicas that died are deleted after ten lease durations.
 - Cost: one watch of the group's Leases per replica (holders, releases and expiry are seen there, not polled),
   and one PUT per held Lease per ``retry_period``: ``(units + replicas) / retry_period`` requests per second for
   the whole deployment at steady state.
@@ -41,7 +47,9 @@ from informers.metrics import MetricSet
 from informers.store import DeletedFinalStateUnknown, Obj
 from informers.wait import wait_first
 
-from .lease import LEASES_PATH, Observation, RenewFence, holder_spec, lease_body, now_micro, released_spec
+from .lease import (
+    LEASES_PATH, Observation, RenewFence, holder_spec, lease_body, lease_seconds, now_micro, released_spec,
+)
 from .rendezvous import assign
 from .settings import Sharding
 
@@ -97,10 +105,13 @@ class UnitFence(RenewFence):
 
 @dataclass
 class _Held:
-    """A Lease this replica holds: the object as last written, and its fence."""
+    """A Lease this replica holds: the object as last written, and its fence. ``closed``: renewed no more (its
+    tenure was lost, or it is about to be released)."""
 
     obj: Obj
     fence: RenewFence
+    renewing: asyncio.Task[None] | None = None
+    closed: bool = False
 
 
 @dataclass
@@ -111,60 +122,73 @@ class _Unit:
     assigned: str = ""
     held: _Held | None = None
     since: float = 0.0  # when this replica took it
-    task: asyncio.Task[None] | None = None
-    stopping: bool = field(default=False)
+    task: asyncio.Task[None] | None = None  # its start or stop
+    taking: bool = field(default=False)
 
 
 class ShardCoordinator:
     """Spreads ``units`` over the replicas sharing ``config.group``; ``start()`` joins, ``stop()`` hands every unit
-    over and leaves. ``on_stuck(names)`` is called when a unit's controllers do not stop (the process must exit
-    without releasing that unit's Lease)."""
+    over and leaves. ``on_stuck(names)`` is called when a unit's work does not stop within ``stop_timeout`` (the
+    process must exit without releasing that unit's Lease).
+
+    The loop never waits on the network: renewals, takes and releases are tasks of their own (one at a time per
+    Lease), so a slow request for one Lease delays no other Lease's renewal.
+    """
 
     def __init__(self, client: ApiClient, config: Sharding, identity: str, units: Units, *,
                  supervisor: Supervisor | None = None, on_stuck: Callable[[list[str]], None] = lambda _: None,
-                 metrics_registry: CollectorRegistry | None = None) -> None:
+                 stop_timeout: float = 60.0, metrics_registry: CollectorRegistry | None = None) -> None:
         self.client = client
         self.config = config
         self.identity = identity
         self.units = units
         self.stuck: list[str] = []
+        self._stuck_units: set[str] = set()
         self._on_stuck = on_stuck
+        self._stop_timeout = stop_timeout
         self._supervisor = supervisor or Supervisor(f"shards {config.group}")
         self._ns = config.lease_namespace
         self._path = LEASES_PATH.format(namespace=self._ns)
         self._member_lease = f"{config.group}-member-{_digest(identity)}"
         self._member: _Held | None = None
+        self._joining = False
         self._seen: dict[str, Observation] = {}  # Lease name -> what this replica saw of it
         self._units: dict[str, _Unit] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._requests: set[asyncio.Task[None]] = set()  # takes and joins in flight
+        self._collecting: set[str] = set()
         self._wake = asyncio.Event()
         self._closing = False
         self._assignment: tuple[tuple[frozenset[str], frozenset[str]], dict[str, str]] | None = None
         self._informer = SharedIndexInformer(client, LEASES, namespace=self._ns,
                                              label_selector=f"{GROUP_LABEL}={config.group}")
-        self._informer.add_event_handler(FuncHandler(lambda o, _i: self._saw(o), lambda _o, n: self._saw(n),
-                                                     self._gone), name="shards")
+        self._watching = self._informer.add_event_handler(FuncHandler(
+            lambda o, _i: self._saw(o), lambda _o, n: self._saw(n), self._gone), name="shards")
         self._log = logger.bind(shards=config.group, identity=identity)
         _Collector.for_registry(metrics_registry).coordinators.add(self)
 
     # -- public ------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Join: watch the group's Leases, take the member Lease, and start assigning."""
+        """Join: watch the group's Leases and, once this replica has seen them all, take the member Lease and
+        start assigning (deciding on a partial view would take units from live holders' hands)."""
         self._informer.start()
         self._supervisor.spawn("shard coordinator", self._run)
 
     async def stop(self) -> None:
         """Leave: delete the member Lease, hand every unit over (stopped, drained, released), stop watching."""
-        await self._supervisor.cancel("shard coordinator")
         self._closing = True
+        await self._supervisor.cancel("shard coordinator")  # it never waits on a request: nothing is cut short
+        if self._requests:
+            await asyncio.wait(set(self._requests))
         if self._member is not None:
+            await self._close(self._member)
             await self._delete(self._member_lease, self._member.obj)
-            self._member.fence.held = False
         # The loop's work, until every unit is handed over: held Leases are still renewed while their units drain.
-        while any(u.held is not None or u.task is not None for u in self._units.values()) and not self.stuck:
+        while any((u.held is not None or u.task is not None) and u.name not in self._stuck_units
+                  for u in self._units.values()):
             self._wake.clear()
-            await self._tick()
-            await wait_first(self._wake.wait(), timeout=self.config.retry_period / 2)
+            self._tick()
+            await wait_first(self._wake.wait(), timeout=self.config.retry_period / 4)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -223,46 +247,74 @@ class ShardCoordinator:
         self._seen.pop(name, None)
         self._wake.set()
 
+    def _current(self, lease: str) -> tuple[bool, Obj | None]:
+        """Whether this replica's view of ``lease`` is up to date with its cache, and the cached object. A take is
+        only decided on a view that is (the cache is filled before its handlers run: a decision made on the older
+        view and written over the newer object would pass the resourceVersion check)."""
+        current = self._informer.lister.get(lease, self._ns)
+        seen = self._seen.get(lease)
+        if current is None:
+            return seen is None, None
+        return seen is not None and seen.matches(current.get("spec")), current
+
     # -- the loop --------------------------------------------------------------------------------------------
     async def _run(self, _: Any) -> None:
+        await self._watching.wait_for_sync()
         while True:
             self._wake.clear()
-            await self._tick()
-            await wait_first(self._wake.wait(), timeout=self.config.retry_period / 2)
+            self._tick()
+            await wait_first(self._wake.wait(), timeout=self.config.retry_period / 4)
 
-    async def _tick(self) -> None:
+    def _tick(self) -> None:
+        """One round of decisions; every request it makes runs as a task of its own."""
         now = time.monotonic()
-        await self._renew_due(now)
+        cfg = self.config
+        if not self._closing:
+            if self._member is None and not self._joining:
+                self._request(self._join(), "join")
+            elif self._member is not None:
+                self._renew_if_due(self._member_lease, self._member, None, now)
         for u in self._units.values():
-            if u.held is not None and u.state in _OWNED and not u.held.fence.valid():
-                self._end(u, release=False, why="its Lease was not renewed within renew_deadline "
-                          f"({self.config.renew_deadline:g}s) or was taken")
+            if u.held is not None:
+                if u.state in _OWNED and not u.held.fence.valid():
+                    self._end(u, release=False, why=f"its Lease was not renewed within renew_deadline "
+                              f"({cfg.renew_deadline:g}s) or was taken")
+                else:
+                    self._renew_if_due(u.lease, u.held, u, now)
         names = self.units.names()
         members = self.live_members(now)
         live = self.identity in members
         owners = self._assign(names, members) if live else {}
-        take = []
         for name in sorted(names | set(self._units)):
-            u = self._units.get(name) or self._units.setdefault(name, _Unit(name, _unit_lease(self.config.group,
-                                                                                            name)))
+            u = self._units.get(name) or self._units.setdefault(name, _Unit(name, _unit_lease(cfg.group, name)))
             u.assigned = owners.get(name, "")
             if u.held is not None and u.state in _OWNED:
                 if self._closing or name not in names:
                     self._end(u, release=True, why="this replica is stopping" if self._closing else "it is gone")
-                elif live and u.assigned and u.assigned != self.identity and now - u.since >= self.config.min_hold:
+                elif live and u.assigned and u.assigned != self.identity and now - u.since >= cfg.min_hold:
                     self._end(u, release=True, why=f"assigned to {u.assigned}")
-            elif u.held is None and u.task is None and not self._closing:
-                if u.assigned == self.identity and name in names:
-                    seen = self._seen.get(u.lease)
-                    if seen is None or seen.free(self.identity, now):
-                        take.append(u)
-                    u.state = UnitState.WAITING
-                else:
+            elif u.held is None and u.task is None and not u.taking:
+                if self._closing or name not in names:
                     u.state = UnitState.ELSEWHERE
                     if name not in names:
                         del self._units[name]
-        if take:
-            await asyncio.gather(*(self._take(u) for u in take))
+                    continue
+                fresh, current = self._current(u.lease)
+                seen = self._seen.get(u.lease)
+                if u.assigned == self.identity:
+                    u.state = UnitState.WAITING
+                    if fresh and (seen is None or seen.free(self.identity, now, cfg.lease_duration)):
+                        self._take_soon(u, current)
+                else:
+                    u.state = UnitState.ELSEWHERE
+                    # Nobody took it for a whole lease duration after it became free: members that disagree on
+                    # the units (a rollout adding a controller, a Secret not seen yet) could each leave it to the
+                    # other. Any live member rescues it; the assignment moves it on after ``min_hold``.
+                    if live and fresh and seen is not None and seen.free_for(now, cfg.lease_duration) >= \
+                            cfg.lease_duration:
+                        self._take_soon(u, current)
+        if not self._closing:
+            self._collect_members(now)
 
     def _assign(self, names: set[str], members: list[str]) -> dict[str, str]:
         key = (frozenset(names), frozenset(members))
@@ -270,90 +322,117 @@ class ShardCoordinator:
             self._assignment = (key, assign(names, members))
         return self._assignment[1]
 
-    # -- Leases ----------------------------------------------------------------------------------------------
-    async def _renew_due(self, now: float) -> None:
-        due: list[tuple[str, _Held, _Unit | None]] = []
-        if self._member is None and not self._closing:
-            await self._join()
-        elif self._member is not None and not self._closing and \
-                now - self._member.fence.last_renew >= self.config.retry_period:
-            due.append((self._member_lease, self._member, None))
-        for u in self._units.values():
-            if u.held is not None and u.held.fence.held and now - u.held.fence.last_renew >= self.config.retry_period:
-                due.append((u.lease, u.held, u))
-        if due:
-            await asyncio.gather(*(self._renew(name, held, u) for name, held, u in due))
+    def _request(self, work: Any, name: str) -> None:
+        task = self._spawn(work, name)
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
 
+    # -- Leases ----------------------------------------------------------------------------------------------
     async def _join(self) -> None:
-        spec = holder_spec(None, self.identity, self.config.lease_duration)
-        sent = time.monotonic()
+        self._joining = True
         try:
-            obj = await self.client.request("POST", self._path, timeout=self.config.renew_deadline, body=lease_body(
-                self._ns, self._member_lease, spec, {GROUP_LABEL: self.config.group, ROLE_LABEL: "member"}))
+            spec = holder_spec(None, self.identity, self.config.lease_duration)
+            sent = time.monotonic()
+            body = lease_body(self._ns, self._member_lease, spec, {GROUP_LABEL: self.config.group,
+                                                                   ROLE_LABEL: "member"})
+            try:
+                obj = await self.client.request("POST", self._path, timeout=self.config.renew_deadline, body=body)
+            except ApiError as e:
+                if e.status != 409:
+                    raise
+                # Ours already (a create whose answer was lost, a Lease someone else wrote to): take it over.
+                current = await self.client.request("GET", f"{self._path}/{self._member_lease}",
+                                                    timeout=self.config.renew_deadline)
+                sent = time.monotonic()
+                obj = await self.client.request("PUT", f"{self._path}/{self._member_lease}", body={
+                    **current, "spec": holder_spec(current.get("spec"), self.identity, self.config.lease_duration)},
+                    timeout=self.config.renew_deadline)
         except (ApiError, *CONNECTION_ERRORS) as e:
             self._log.warning("cannot create member Lease {}/{}: {}", self._ns, self._member_lease, _reason(e))
             return
+        finally:
+            self._joining = False
         fence = RenewFence(self.config.renew_deadline)
         fence.renewed(sent)
         self._member = _Held(obj, fence)
         self._log.info("joined shard group {} as {}", self.config.group, self.identity)
+        self._wake.set()
+
+    def _renew_if_due(self, name: str, held: _Held, unit: _Unit | None, now: float) -> None:
+        if not held.closed and held.renewing is None and now - held.fence.last_renew >= self.config.retry_period:
+            held.renewing = self._spawn(self._renew(name, held, unit), f"renew {name}")
 
     async def _renew(self, name: str, held: _Held, unit: _Unit | None) -> None:
-        spec = {**held.obj["spec"], "renewTime": now_micro(),
-                "leaseDurationSeconds": max(1, round(self.config.lease_duration))}
-        sent = time.monotonic()
         try:
-            obj = await self.client.request("PUT", f"{self._path}/{name}", body={**held.obj, "spec": spec},
-                                            timeout=max(0.1, min(held.fence.remaining(), self.config.renew_deadline)))
-        except ApiError as e:
-            current = self._informer.lister.get(name, self._ns)
-            if e.status in (404, 409) and (current is None or (current.get("spec") or {}).get("holderIdentity") !=
-                                           self.identity):
-                held.fence.held = False  # taken, or deleted: this tenure is over now, not at the deadline
-                if unit is None:
-                    self._member = None  # rejoin with a new member Lease
-            elif e.status == 409 and current is not None:
-                held.obj = current  # still ours: a stale resourceVersion; the next round writes over the new one
-            else:
-                self._log.warning("cannot renew Lease {}: {}", name, e)
-            return
-        except CONNECTION_ERRORS as e:
-            self._log.warning("cannot reach the API server to renew Lease {}: {}", name, _reason(e))
-            return
-        held.obj = obj
-        held.fence.renewed(sent)
-        self._seen.setdefault(name, Observation()).see(obj.get("spec"), sent)
+            spec = {**held.obj["spec"], "renewTime": now_micro(),
+                    "leaseDurationSeconds": lease_seconds(self.config.lease_duration)}
+            sent = time.monotonic()
+            timeout = max(0.1, min(held.fence.remaining(), self.config.renew_deadline))
+            try:
+                obj = await self.client.request("PUT", f"{self._path}/{name}", body={**held.obj, "spec": spec},
+                                                timeout=timeout)
+            except ApiError as e:
+                current = self._informer.lister.get(name, self._ns)
+                if e.status in (404, 409) and (current is None or (current.get("spec") or {}).get(
+                        "holderIdentity") != self.identity):
+                    held.closed, held.fence.held = True, False  # taken or deleted: over now, not at the deadline
+                    if unit is None and held is self._member:
+                        self._member = None  # rejoin
+                    self._wake.set()
+                elif e.status == 409 and current is not None:
+                    held.obj = current  # still ours, a stale resourceVersion: the next round writes over it
+                else:
+                    self._log.warning("cannot renew Lease {}: {}", name, e)
+                return
+            except CONNECTION_ERRORS as e:
+                self._log.warning("cannot reach the API server to renew Lease {}: {}", name, _reason(e))
+                return
+            held.obj = obj
+            if not held.closed:  # a tenure being released or lost is never revived
+                held.fence.renewed(sent)
+            self._seen.setdefault(name, Observation()).see(obj.get("spec"), sent)
+        finally:
+            held.renewing = None
 
-    async def _take(self, u: _Unit) -> None:
-        current = self._informer.lister.get(u.lease, self._ns)
-        spec = holder_spec(current.get("spec") if current is not None else None, self.identity,
-                           self.config.lease_duration)
-        released = current is not None and not (current.get("spec") or {}).get("holderIdentity")
-        sent = time.monotonic()
+    def _take_soon(self, u: _Unit, current: Obj | None) -> None:
+        u.taking = True
+        self._request(self._take(u, current), f"take unit {u.name}")
+
+    async def _take(self, u: _Unit, current: Obj | None) -> None:
+        """Take ``u``'s Lease, writing over exactly the ``current`` object the decision was made on."""
         try:
-            if current is None:
-                obj = await self.client.request("POST", self._path, timeout=self.config.renew_deadline, body=lease_body(
-                    self._ns, u.lease, spec, {GROUP_LABEL: self.config.group, ROLE_LABEL: "unit"},
-                    {UNIT_ANNOTATION: u.name}))
-            else:
-                obj = await self.client.request("PUT", f"{self._path}/{u.lease}", body={**current, "spec": spec},
-                                                timeout=self.config.renew_deadline)
-        except ApiError as e:
-            if e.status != 409:  # 409: another replica wrote first (or our cache is behind); the watch tells
-                self._log.warning("cannot take Lease {} of unit {}: {}", u.lease, u.name, e)
-            return
-        except CONNECTION_ERRORS as e:
-            self._log.warning("cannot reach the API server to take unit {}: {}", u.name, _reason(e))
-            return
-        fence = UnitFence(u.name, self.identity, int(obj["spec"].get("leaseTransitions") or 0),
-                          self.config.renew_deadline)
-        fence.renewed(sent)
-        self._seen.setdefault(u.lease, Observation()).see(obj.get("spec"), sent)
-        u.held, u.since, u.state = _Held(obj, fence), sent, UnitState.STARTING
-        if released:
-            _HANDOVERS.labels("in").inc()
-        self._log.info("took unit {} (Lease {}, transitions {})", u.name, u.lease, fence.transitions)
-        u.task = self._spawn(self._start(u, fence), f"start unit {u.name}")
+            spec = holder_spec(current.get("spec") if current is not None else None, self.identity,
+                               self.config.lease_duration)
+            released = current is not None and not (current.get("spec") or {}).get("holderIdentity")
+            sent = time.monotonic()
+            try:
+                if current is None:
+                    obj = await self.client.request("POST", self._path, timeout=self.config.renew_deadline,
+                                                    body=lease_body(self._ns, u.lease, spec, {
+                                                        GROUP_LABEL: self.config.group, ROLE_LABEL: "unit"},
+                                                        {UNIT_ANNOTATION: u.name}))
+                else:
+                    obj = await self.client.request("PUT", f"{self._path}/{u.lease}", body={**current, "spec": spec},
+                                                    timeout=self.config.renew_deadline)
+            except ApiError as e:
+                if e.status != 409:  # 409: another replica wrote first (or our cache is behind); the watch tells
+                    self._log.warning("cannot take Lease {} of unit {}: {}", u.lease, u.name, e)
+                return
+            except CONNECTION_ERRORS as e:
+                self._log.warning("cannot reach the API server to take unit {}: {}", u.name, _reason(e))
+                return
+            fence = UnitFence(u.name, self.identity, int(obj["spec"].get("leaseTransitions") or 0),
+                              self.config.renew_deadline)
+            fence.renewed(sent)
+            self._seen.setdefault(u.lease, Observation()).see(obj.get("spec"), sent)
+            u.held, u.since, u.state = _Held(obj, fence), sent, UnitState.STARTING
+            if released:
+                _HANDOVERS.labels("in").inc()
+            self._log.info("took unit {} (Lease {}, transitions {})", u.name, u.lease, fence.transitions)
+            u.task = self._spawn(self._start(u, fence), f"start unit {u.name}")
+        finally:
+            u.taking = False
+            self._wake.set()
 
     async def _start(self, u: _Unit, fence: UnitFence) -> None:
         try:
@@ -377,6 +456,8 @@ class ShardCoordinator:
         else:
             _LOST.inc()
             self._log.warning("stopping unit {}: {}", u.name, why)
+            if u.held is not None:
+                u.held.closed, u.held.fence.held = True, False
         starting, u.task = u.task, None
         u.task = self._spawn(self._stop(u, starting, release), f"stop unit {u.name}")
 
@@ -386,42 +467,90 @@ class ShardCoordinator:
             if starting is not None:
                 starting.cancel()
                 await asyncio.wait({starting})
-            stuck = await self.units.stop(u.name)
+            try:
+                async with asyncio.timeout(self._stop_timeout):
+                    stuck = await self.units.stop(u.name)
+            except TimeoutError:
+                stuck = [f"unit {u.name} (did not stop within {self._stop_timeout:g}s)"]
+            except Exception as e:  # whether its work stopped is unknown: as unsafe as a stuck one
+                self._log.opt(exception=e).error("stopping unit {} failed", u.name)
+                stuck = [f"unit {u.name} (stopping failed: {_reason(e)})"]
             if stuck:
                 self.stuck += stuck
-                self._log.error("unit {}: controller(s) {} did not stop; its Lease is kept", u.name, ", ".join(stuck))
+                self._stuck_units.add(u.name)
+                self._log.error("unit {}: {} did not stop; its Lease is kept", u.name, ", ".join(stuck))
                 self._on_stuck(stuck)
                 return
             held = u.held
-            if release and held is not None and held.fence.valid():
-                if u.name in self.units.names():
-                    await self._release(u.lease, held)
-                else:
-                    await self._delete(u.lease, held.obj)
-                _HANDOVERS.labels("out").inc()
-                _HANDOVER_SECONDS.observe(time.monotonic() - began)
             if held is not None:
-                held.fence.held = False
+                valid = held.fence.valid()
+                await self._close(held)
+                if release and valid:  # the work has stopped: the new owner may start now
+                    await self._release(u.lease, held)
+                    _HANDOVERS.labels("out").inc()
+                    _HANDOVER_SECONDS.observe(time.monotonic() - began)
             u.held, u.state = None, UnitState.ELSEWHERE
         finally:
             if u.task is asyncio.current_task():
                 u.task = None
             self._wake.set()
 
+    async def _close(self, held: _Held) -> None:
+        """No more renewals of ``held`` (one in flight is awaited: it must not write after a release)."""
+        held.closed = True
+        if held.renewing is not None:
+            await asyncio.wait({held.renewing})
+        held.fence.held = False
+
     async def _release(self, name: str, held: _Held) -> None:
-        try:
-            obj = await self.client.request("PUT", f"{self._path}/{name}", timeout=self.config.renew_deadline,
-                                            body={**held.obj, "spec": released_spec(held.obj["spec"])})
-            self._seen.setdefault(name, Observation()).see(obj.get("spec"))
-        except (ApiError, *CONNECTION_ERRORS) as e:  # its new owner takes it once it expires
-            self._log.warning("cannot release Lease {}: {}", name, _reason(e))
+        obj = held.obj
+        for _ in range(3):
+            try:
+                obj = await self.client.request("PUT", f"{self._path}/{name}", timeout=self.config.renew_deadline,
+                                                body={**obj, "spec": released_spec(obj["spec"])})
+                self._seen.setdefault(name, Observation()).see(obj.get("spec"))
+                return
+            except ApiError as e:
+                if e.status != 409:
+                    self._log.warning("cannot release Lease {}: {}", name, e)
+                    return
+                try:  # written meanwhile: release it still if it is ours
+                    obj = await self.client.request("GET", f"{self._path}/{name}", timeout=self.config.renew_deadline)
+                except (ApiError, *CONNECTION_ERRORS) as e2:
+                    self._log.warning("cannot release Lease {}: {}", name, _reason(e2))
+                    return
+                if (obj.get("spec") or {}).get("holderIdentity") != self.identity:
+                    return
+            except CONNECTION_ERRORS as e:  # its new owner takes it once it expires
+                self._log.warning("cannot release Lease {}: {}", name, _reason(e))
+                return
 
     async def _delete(self, name: str, obj: Obj) -> None:
+        """Delete Lease ``name`` if it is still the object ``obj`` (by uid: a renewal since does not matter)."""
         try:
             await self.client.request("DELETE", f"{self._path}/{name}", timeout=self.config.renew_deadline, body={
-                "preconditions": {"resourceVersion": obj["metadata"].get("resourceVersion")}})
-        except (ApiError, *CONNECTION_ERRORS) as e:
+                "preconditions": {"uid": obj["metadata"].get("uid")}})
+        except ApiError as e:
+            if e.status not in (404, 409):
+                self._log.warning("cannot delete Lease {}: {}", name, e)
+        except CONNECTION_ERRORS as e:
             self._log.warning("cannot delete Lease {}: {}", name, _reason(e))
+
+    def _collect_members(self, now: float) -> None:
+        """Delete member Leases not renewed for ten lease durations (replicas that died without leaving)."""
+        for name, seen in list(self._seen.items()):
+            if self._is_member(name) and name != self._member_lease and name not in self._collecting and \
+                    seen.free_for(now, self.config.lease_duration) >= 10 * self.config.lease_duration:
+                current = self._informer.lister.get(name, self._ns)
+                if current is not None and seen.matches(current.get("spec")):
+                    self._collecting.add(name)
+                    self._spawn(self._collect(name, current), f"collect {name}")
+
+    async def _collect(self, name: str, obj: Obj) -> None:
+        try:
+            await self._delete(name, obj)
+        finally:
+            self._collecting.discard(name)
 
     def _spawn(self, work: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.create_task(work, name=name)
