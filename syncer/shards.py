@@ -159,6 +159,8 @@ class ShardCoordinator:
         self._collecting: set[str] = set()
         self._wake = asyncio.Event()
         self._closing = False
+        self._listed_at = float("inf")  # when the first list of the Leases had been seen
+        self._settled_at = float("inf")  # from then on, this replica decides
         self._assignment: tuple[tuple[frozenset[str], frozenset[str]], dict[str, str]] | None = None
         self._informer = SharedIndexInformer(client, LEASES, namespace=self._ns,
                                              label_selector=f"{GROUP_LABEL}={config.group}")
@@ -205,8 +207,10 @@ class ShardCoordinator:
     def live_members(self, now: float | None = None) -> list[str]:
         """The members seen renewing within their lease duration, this replica included while it renews."""
         now = time.monotonic() if now is None else now
+        # Only a record seen to change since the first list proves a member alive: one that died shortly before
+        # this replica started would otherwise count for a whole lease duration, and get units nobody takes.
         members = {o.holder for name, o in self._seen.items() if self._is_member(name) and o.holder and
-                   not o.expired(now, self.config.lease_duration)}
+                   o.at > self._listed_at and not o.expired(now, self.config.lease_duration)}
         members.discard(self.identity)
         if self._member is not None and self._member.fence.valid() and not self._closing:
             members.add(self.identity)
@@ -219,7 +223,10 @@ class ShardCoordinator:
         for name in sorted(set(self.units.names()) | set(self._units)):
             u = self._units.get(name)
             seen = self._seen.get(u.lease) if u is not None else None
-            units.append({"unit": name, "state": (u.state if u is not None else UnitState.ELSEWHERE).value,
+            state = u.state if u is not None else UnitState.ELSEWHERE
+            if u is not None and state in _OWNED and (u.held is None or not u.held.fence.valid()):
+                state = UnitState.STOPPING  # its fence has closed: the next tick stops it
+            units.append({"unit": name, "state": state.value,
                           "holder": seen.holder if seen is not None else "",
                           "transitions": seen.transitions if seen is not None else None,
                           "assigned": u.assigned if u is not None else ""})
@@ -260,6 +267,10 @@ class ShardCoordinator:
     # -- the loop --------------------------------------------------------------------------------------------
     async def _run(self, _: Any) -> None:
         await self._watching.wait_for_sync()
+        if self._listed_at == float("inf"):
+            self._listed_at = time.monotonic()
+            # Live members renew every retry_period: after two, every live one has shown itself.
+            self._settled_at = self._listed_at + 2 * self.config.retry_period
         while True:
             self._wake.clear()
             self._tick()
@@ -281,6 +292,8 @@ class ShardCoordinator:
                               f"({cfg.renew_deadline:g}s) or was taken")
                 else:
                     self._renew_if_due(u.lease, u.held, u, now)
+        if now < self._settled_at and not self._closing:
+            return
         names = self.units.names()
         members = self.live_members(now)
         live = self.identity in members
@@ -388,11 +401,24 @@ class ShardCoordinator:
                 self._log.warning("cannot reach the API server to renew Lease {}: {}", name, _reason(e))
                 return
             held.obj = obj
+            if held is self._member and not held.fence.valid():
+                self._restart_clocks(sent)
             if not held.closed:  # a tenure being released or lost is never revived
                 held.fence.renewed(sent)
             self._seen.setdefault(name, Observation()).see(obj.get("spec"), sent)
         finally:
             held.renewing = None
+
+    def _restart_clocks(self, now: float) -> None:
+        """This replica could not renew (nor, likely, watch) for longer than ``renew_deadline``: what it saw before
+        says nothing about who renewed meanwhile. Every Lease counts as just seen, as at a first list, so that the
+        first replica back does not take every unit whose holder it could not see renewing."""
+        self._log.warning("could not renew its member Lease for over {:g}s: judging every Lease afresh",
+                          self.config.renew_deadline)
+        for seen in self._seen.values():
+            seen.at = max(seen.at, now)
+        self._listed_at = now
+        self._settled_at = now + 2 * self.config.retry_period
 
     def _take_soon(self, u: _Unit, current: Obj | None) -> None:
         u.taking = True
