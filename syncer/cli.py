@@ -299,6 +299,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if (fleet or components) and not settings.clusters.enabled:
         logger.warning("fleet controller(s) {} run only in multi-cluster mode; set [clusters] enabled = true",
                        ", ".join(fleet + components))
+    sh = settings.sharding
+    if sh.enabled:
+        print(f"sharding: the {sh.unit_kind(settings.clusters.enabled)} are spread over the replicas of group "
+              f"{sh.group!r} (Leases in namespace {sh.lease_namespace!r})")
     print(f"credentials OK: API server {host} (not contacted)" if host else
           "credentials: not checked (--local: a local control plane brings its own)")
     return 0
