@@ -688,7 +688,8 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     results["cold_hold"] = await cold_and_handover(http, cp, args.clusters, 0, 30.0, False)
             if "idle" not in skip:
                 results["steady"] = []
-                retries = [2.0 if i % 2 == 0 else 1.0 for i in range(args.idle_rounds * 2 - 1)]
+                retries = ([float(x) for x in args.idle_retries.split(",")] if args.idle_retries else
+                           [2.0 if i % 2 == 0 else 1.0 for i in range(args.idle_rounds * 2 - 1)])
                 for rnd, retry in enumerate(retries):
                     results["steady"].append(await steady(http, cp, api_m, args.clusters, rnd, retry, args.idle))
             if "stall" not in skip:
@@ -757,6 +758,8 @@ def main() -> None:
                    help="one more cold start with the default min_hold (30 s)")
     p.add_argument("--idle", type=float, default=60.0, help="steady-state window, seconds")
     p.add_argument("--idle-rounds", type=int, default=2, help="rounds at retry_period 2 s (1 s: one fewer)")
+    p.add_argument("--idle-retries", help="retry periods of the steady-state rounds, e.g. 2,1,2 (overrides "
+                   "--idle-rounds)")
     p.add_argument("--busy-clusters", type=int, default=30)
     p.add_argument("--busy-window", type=float, default=30.0)
     p.add_argument("--busy-rounds", type=int, default=2)

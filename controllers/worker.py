@@ -48,6 +48,9 @@ async def run_worker(
 ) -> None:
     """Handle items of ``queue`` until it shuts down (or this task is cancelled)."""
     while True:
+        # A queue with items ready returns without suspending: a reconcile that never awaits (CPU only, or a
+        # backlog of such) would otherwise keep the loop from lease renewals, probes and every other task.
+        await asyncio.sleep(0)
         try:
             item = await queue.get()
         except QueueShutDown:

@@ -281,7 +281,8 @@ class ShardCoordinator:
         now = time.monotonic()
         cfg = self.config
         if not self._closing:
-            if self._member is None and not self._joining:
+            if self._member is None and not self._joining and now >= self._settled_at:
+                # Joining makes the others hand units over to this replica: not before it decides (takes) itself.
                 self._request(self._join(), "join")
             elif self._member is not None:
                 self._renew_if_due(self._member_lease, self._member, None, now)
