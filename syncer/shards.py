@@ -19,8 +19,8 @@ the same rules (``leader.py``, ``lease.py``).
   is filled before its handlers run), and only once the first list has been seen: a decision made on an older
   view would pass the resourceVersion check and take a unit from a live holder's hands.
 - No unit is left unowned: one free for a whole lease duration (members that disagree on the set of units, as
-  during a rollout that adds a controller, could each leave it to the other) is taken by any live member, and
-  the assignment moves it on later. Member Leases of replicas that died are deleted after ten lease durations.
+  during a rollout that adds a controller, could each leave it to the other) is taken by any live member, which
+  keeps it until it stops. Member Leases of replicas that died are deleted after ten lease durations.
 - Cost: one watch of the group's Leases per replica (holders, releases and expiry are seen there, not polled),
   and one PUT per held Lease per ``retry_period``: ``(units + replicas) / retry_period`` requests per second for
   the whole deployment at steady state.
@@ -124,6 +124,8 @@ class _Unit:
     since: float = 0.0  # when this replica took it
     task: asyncio.Task[None] | None = None  # its start or stop
     taking: bool = field(default=False)
+    unowned_since: float | None = None  # when this replica first saw it free while assigned elsewhere
+    rescued: bool = False  # taken while assigned elsewhere: kept until this replica stops or loses it
 
 
 class ShardCoordinator:
@@ -305,7 +307,8 @@ class ShardCoordinator:
             if u.held is not None and u.state in _OWNED:
                 if self._closing or name not in names:
                     self._end(u, release=True, why="this replica is stopping" if self._closing else "it is gone")
-                elif live and u.assigned and u.assigned != self.identity and now - u.since >= cfg.min_hold:
+                elif live and u.assigned and u.assigned != self.identity and now - u.since >= cfg.min_hold and \
+                        not u.rescued:
                     self._end(u, release=True, why=f"assigned to {u.assigned}")
             elif u.held is None and u.task is None and not u.taking:
                 if self._closing or name not in names:
@@ -316,17 +319,21 @@ class ShardCoordinator:
                 fresh, current = self._current(u.lease)
                 seen = self._seen.get(u.lease)
                 if u.assigned == self.identity:
-                    u.state = UnitState.WAITING
+                    u.state, u.unowned_since = UnitState.WAITING, None
                     if fresh and (seen is None or seen.free(self.identity, now, cfg.lease_duration)):
                         self._take_soon(u, current)
                 else:
                     u.state = UnitState.ELSEWHERE
-                    # Nobody took it for a whole lease duration after it became free: members that disagree on
-                    # the units (a rollout adding a controller, a Secret not seen yet) could each leave it to the
-                    # other. Any live member rescues it; the assignment moves it on after ``min_hold``.
-                    if live and fresh and seen is not None and seen.free_for(now, cfg.lease_duration) >= \
-                            cfg.lease_duration:
-                        self._take_soon(u, current)
+                    # Nobody took it for a whole lease duration after it was seen free (or without a Lease at
+                    # all): members that disagree on the units (a rollout adding a controller, a Secret not seen
+                    # everywhere yet) could each leave it to the other. Any live member rescues it (the assignment
+                    # would only hand it back to a member that does not take it, so it stays here).
+                    if seen is not None and seen.holder and not seen.expired(now, cfg.lease_duration):
+                        u.unowned_since = None
+                    elif u.unowned_since is None:
+                        u.unowned_since = now
+                    elif live and fresh and now - u.unowned_since >= cfg.lease_duration:
+                        self._take_soon(u, current, rescue=True)
         if not self._closing:
             self._collect_members(now)
 
@@ -421,11 +428,11 @@ class ShardCoordinator:
         self._listed_at = now
         self._settled_at = now + 2 * self.config.retry_period
 
-    def _take_soon(self, u: _Unit, current: Obj | None) -> None:
+    def _take_soon(self, u: _Unit, current: Obj | None, rescue: bool = False) -> None:
         u.taking = True
-        self._request(self._take(u, current), f"take unit {u.name}")
+        self._request(self._take(u, current, rescue), f"take unit {u.name}")
 
-    async def _take(self, u: _Unit, current: Obj | None) -> None:
+    async def _take(self, u: _Unit, current: Obj | None, rescue: bool) -> None:
         """Take ``u``'s Lease, writing over exactly the ``current`` object the decision was made on."""
         try:
             spec = holder_spec(current.get("spec") if current is not None else None, self.identity,
@@ -452,10 +459,11 @@ class ShardCoordinator:
                               self.config.renew_deadline)
             fence.renewed(sent)
             self._seen.setdefault(u.lease, Observation()).see(obj.get("spec"), sent)
-            u.held, u.since, u.state = _Held(obj, fence), sent, UnitState.STARTING
+            u.held, u.since, u.state, u.rescued = _Held(obj, fence), sent, UnitState.STARTING, rescue
             if released:
                 _HANDOVERS.labels("in").inc()
-            self._log.info("took unit {} (Lease {}, transitions {})", u.name, u.lease, fence.transitions)
+            self._log.info("took unit {} (Lease {}, transitions {}){}", u.name, u.lease, fence.transitions,
+                           f"; nobody took it for {self.config.lease_duration:g}s" if rescue else "")
             u.task = self._spawn(self._start(u, fence), f"start unit {u.name}")
         finally:
             u.taking = False

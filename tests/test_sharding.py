@@ -264,3 +264,43 @@ def test_sidecars_share_controllers_and_hand_them_over_on_sigterm(control_plane:
     cars[0].wait(lambda: running(cars[0]) == names, "every controller on the remaining replica", timeout=20)
     assert time.monotonic() - began < 6.0, "handed over, not left to expire"
     assert "handing unit" in cars[1].log
+
+
+async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane: Any, namespace: str) -> None:
+    """Replicas that disagree on the units (a rollout adding a controller): a unit assigned, in the view of the
+    replicas that know it, to one that does not, is rescued after a lease duration instead of staying unowned."""
+    old, new = Recorder(6), Recorder(6)
+    new.unit_names = old.unit_names | {f"n{i}" for i in range(6)}
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        coordinators = [ShardCoordinator(client, config(namespace), f"old{i}", old.kind_for(f"old{i}"))
+                        for i in range(2)]
+        coordinators.append(ShardCoordinator(client, config(namespace), "new", new.kind_for("new")))
+        for c in coordinators:
+            await c.start()
+        # "new" knows all 12; the new units it assigns to old0/old1 are taken by nobody else: it rescues them.
+        await eventually(lambda: set(new.running) >= {f"n{i}" for i in range(6)} and
+                         len(old.running) + len([u for u in new.running if u.startswith("u")]) == 6,
+                         timeout=30, what="every unit running somewhere")
+        for c in coordinators:
+            await c.stop()
+        assert old.overlaps == [] and new.overlaps == []
+
+
+async def test_a_replica_joins_over_a_member_lease_it_already_has(control_plane: Any, namespace: str) -> None:
+    """The member Lease exists already (a create whose answer was lost): the replica takes it over and joins."""
+    from syncer.shards import GROUP_LABEL, ROLE_LABEL, _digest
+    from syncer.lease import lease_body
+
+    recorder = Recorder(2)
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        await client.request("POST", path, body=lease_body(namespace, f"t-member-{_digest('again')}",
+                                                          holder_spec(None, "someone-else", 3),
+                                                          {GROUP_LABEL: "t", ROLE_LABEL: "member"}))
+        c = ShardCoordinator(client, config(namespace), "again", recorder.kind_for("again"))
+        await c.start()
+        await eventually(lambda: recorder.running == {"u0": "again", "u1": "again"}, timeout=20)
+        assert c.live_members() == ["again"]
+        await c.stop()
+        leases = await client.request("GET", path)
+        assert not [item for item in leases["items"] if item["metadata"]["name"].startswith("t-member-")]
