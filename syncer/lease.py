@@ -71,15 +71,20 @@ class Observation:
     duration: float = 0.0
     transitions: int = 0
     at: float = float("-inf")
+    deleted: bool = False  # the Lease was deleted: what it said last still counts until it expires
+    first: float | None = None  # when this process first saw the Lease
 
     def see(self, spec: dict[str, Any] | None, now: float | None = None) -> bool:
         """Record ``spec`` as seen now; True if the record changed (only a change restarts the clock)."""
         record = _record(spec)
         self.transitions = int((spec or {}).get("leaseTransitions") or 0)
-        if self.matches(spec):
+        if self.matches(spec) and not self.deleted:
             return False
+        self.deleted = False
         self.holder, self.renew_time, self.duration = record
         self.at = time.monotonic() if now is None else now
+        if self.first is None:
+            self.first = self.at
         return True
 
     def matches(self, spec: dict[str, Any] | None) -> bool:

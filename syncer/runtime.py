@@ -192,6 +192,8 @@ class Syncer:
             items += self.cluster_controllers.health()
         if self.unit_controllers is not None:
             items += self.unit_controllers.health()
+        if self.shards is not None:
+            items += self.shards.health()
         items += self.stores.health() + self.runnables.health() + (self.webhooks.health() if self.webhooks else [])
         return all(i["healthy"] for i in items), items
 
@@ -392,7 +394,7 @@ class Syncer:
             stop.set()
 
         self.shards = ShardCoordinator(self.client, s.sharding, self.identity, units, supervisor=self.supervisor,
-                                       on_stuck=stuck)
+                                       on_stuck=stuck, stop_timeout=s.shutdown_timeout / 2)
         await self.shards.start()
         if self.registry is not None:
             await self.registry.start()

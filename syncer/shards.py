@@ -112,6 +112,7 @@ class _Held:
     fence: RenewFence
     renewing: asyncio.Task[None] | None = None
     closed: bool = False
+    next_try: float = 0.0
 
 
 @dataclass
@@ -151,9 +152,11 @@ class ShardCoordinator:
         self._supervisor = supervisor or Supervisor(f"shards {config.group}")
         self._ns = config.lease_namespace
         self._path = LEASES_PATH.format(namespace=self._ns)
-        self._member_lease = f"{config.group}-member-{_digest(identity)}"
+        self._member_lease = _member_lease(config.group, identity)
         self._member: _Held | None = None
         self._joining = False
+        self._join_after = 0.0
+        self._started_at = float("inf")
         self._seen: dict[str, Observation] = {}  # Lease name -> what this replica saw of it
         self._units: dict[str, _Unit] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -175,6 +178,7 @@ class ShardCoordinator:
     async def start(self) -> None:
         """Join: watch the group's Leases and, once this replica has seen them all, take the member Lease and
         start assigning (deciding on a partial view would take units from live holders' hands)."""
+        self._started_at = time.monotonic()
         self._informer.start()
         self._supervisor.spawn("shard coordinator", self._run)
 
@@ -182,14 +186,12 @@ class ShardCoordinator:
         """Leave: delete the member Lease, hand every unit over (stopped, drained, released), stop watching."""
         self._closing = True
         await self._supervisor.cancel("shard coordinator")  # it never waits on a request: nothing is cut short
-        if self._requests:
-            await asyncio.wait(set(self._requests))
         if self._member is not None:
-            await self._close(self._member)
-            await self._delete(self._member_lease, self._member.obj)
-        # The loop's work, until every unit is handed over: held Leases are still renewed while their units drain.
-        while any((u.held is not None or u.task is not None) and u.name not in self._stuck_units
-                  for u in self._units.values()):
+            self._request(self._leave(self._member), "leave")
+        # The loop's work, until every unit is handed over: held Leases are still renewed while their units drain
+        # (and takes in flight land, to be handed over in turn).
+        while self._requests or any((u.held is not None or u.task is not None or u.taking) and
+                                    u.name not in self._stuck_units for u in self._units.values()):
             self._wake.clear()
             self._tick()
             await wait_first(self._wake.wait(), timeout=self.config.retry_period / 4)
@@ -218,6 +220,16 @@ class ShardCoordinator:
             members.add(self.identity)
         return sorted(members)
 
+    def health(self) -> list[dict[str, Any]]:
+        """``{name, healthy, message}``: unhealthy while the group's Leases cannot be listed (RBAC, say) for three
+        lease durations: this replica can then take no unit, and nothing else would say why."""
+        synced = self._watching.has_synced()
+        late = time.monotonic() - self._started_at > 3 * self.config.lease_duration
+        error = self._informer.reflector.last_error
+        return [{"name": "shard coordinator", "healthy": synced or not late,
+                 "message": "watching the group's Leases" if synced else
+                 f"cannot list Leases in namespace {self._ns!r}: {error or 'no answer yet'}"}]
+
     def status(self) -> dict[str, Any]:
         """Members, every known unit (state here, holder seen, assigned member), and handovers in progress."""
         members = self.live_members()
@@ -233,6 +245,7 @@ class ShardCoordinator:
                           "transitions": seen.transitions if seen is not None else None,
                           "assigned": u.assigned if u is not None else ""})
         return {"group": self.config.group, "kind": self.units.kind, "identity": self.identity,
+                "leases_synced": self._watching.has_synced(),
                 "members": [{"identity": m, "self": m == self.identity} for m in members],
                 "owned": sum(1 for u in units if u["state"] in _OWNED),
                 "units": units,
@@ -253,7 +266,16 @@ class ShardCoordinator:
     def _gone(self, obj: Obj | DeletedFinalStateUnknown) -> None:
         name = (obj.key if isinstance(obj, DeletedFinalStateUnknown) else
                 f"{self._ns}/{obj['metadata']['name']}").rpartition("/")[2]
-        self._seen.pop(name, None)
+        seen = self._seen.get(name)
+        if self._is_member(name) or seen is None or not seen.holder:
+            self._seen.pop(name, None)
+        else:
+            # Deleted while held (a cleanup, kubectl): its holder may still work until it notices, so whoever
+            # recreates it waits for what it said to expire, as if it were still there.
+            seen.deleted, seen.at = True, time.monotonic()
+            unit = next((u for u in self._units.values() if u.lease == name), None)
+            if unit is not None and unit.held is not None:  # ours: over now
+                unit.held.closed, unit.held.fence.held = True, False
         self._wake.set()
 
     def _current(self, lease: str) -> tuple[bool, Obj | None]:
@@ -263,8 +285,8 @@ class ShardCoordinator:
         current = self._informer.lister.get(lease, self._ns)
         seen = self._seen.get(lease)
         if current is None:
-            return seen is None, None
-        return seen is not None and seen.matches(current.get("spec")), current
+            return seen is None or seen.deleted, None
+        return seen is not None and not seen.deleted and seen.matches(current.get("spec")), current
 
     # -- the loop --------------------------------------------------------------------------------------------
     async def _run(self, _: Any) -> None:
@@ -283,8 +305,7 @@ class ShardCoordinator:
         now = time.monotonic()
         cfg = self.config
         if not self._closing:
-            if self._member is None and not self._joining and now >= self._settled_at:
-                # Joining makes the others hand units over to this replica: not before it decides (takes) itself.
+            if self._member is None and not self._joining and now >= self._join_after:
                 self._request(self._join(), "join")
             elif self._member is not None:
                 self._renew_if_due(self._member_lease, self._member, None, now)
@@ -305,13 +326,15 @@ class ShardCoordinator:
             u = self._units.get(name) or self._units.setdefault(name, _Unit(name, _unit_lease(cfg.group, name)))
             u.assigned = owners.get(name, "")
             if u.held is not None and u.state in _OWNED:
+                if u.assigned == self.identity:
+                    u.rescued = False  # ours by assignment now: it moves with the assignment again
                 if self._closing or name not in names:
                     self._end(u, release=True, why="this replica is stopping" if self._closing else "it is gone")
                 elif live and u.assigned and u.assigned != self.identity and now - u.since >= cfg.min_hold and \
-                        not u.rescued:
+                        not u.rescued and self._settled(u.assigned, now):
                     self._end(u, release=True, why=f"assigned to {u.assigned}")
             elif u.held is None and u.task is None and not u.taking:
-                if self._closing or name not in names:
+                if self._closing or self.stuck or name not in names:  # stuck: the process is about to exit
                     u.state = UnitState.ELSEWHERE
                     if name not in names:
                         del self._units[name]
@@ -336,6 +359,13 @@ class ShardCoordinator:
                         self._take_soon(u, current, rescue=True)
         if not self._closing:
             self._collect_members(now)
+
+    def _settled(self, member: str, now: float) -> bool:
+        """Whether ``member`` has been a member long enough to decide, hence to take what is handed to it (a new
+        replica decides nothing for two retry periods after its first list of the Leases; until then a unit
+        released to it would run nowhere)."""
+        seen = self._seen.get(_member_lease(self.config.group, member))
+        return seen is not None and seen.first is not None and now - seen.first >= 2 * self.config.retry_period
 
     def _assign(self, names: set[str], members: list[str]) -> dict[str, str]:
         key = (frozenset(names), frozenset(members))
@@ -370,6 +400,7 @@ class ShardCoordinator:
                     timeout=self.config.renew_deadline)
         except (ApiError, *CONNECTION_ERRORS) as e:
             self._log.warning("cannot create member Lease {}/{}: {}", self._ns, self._member_lease, _reason(e))
+            self._join_after = time.monotonic() + self.config.retry_period
             return
         finally:
             self._joining = False
@@ -380,7 +411,8 @@ class ShardCoordinator:
         self._wake.set()
 
     def _renew_if_due(self, name: str, held: _Held, unit: _Unit | None, now: float) -> None:
-        if not held.closed and held.renewing is None and now - held.fence.last_renew >= self.config.retry_period:
+        if not held.closed and held.renewing is None and now >= held.next_try:
+            held.next_try = now + self.config.retry_period  # failed or not, the next try is one period on
             held.renewing = self._spawn(self._renew(name, held, unit), f"renew {name}")
 
     async def _renew(self, name: str, held: _Held, unit: _Unit | None) -> None:
@@ -388,7 +420,9 @@ class ShardCoordinator:
             spec = {**held.obj["spec"], "renewTime": now_micro(),
                     "leaseDurationSeconds": lease_seconds(self.config.lease_duration)}
             sent = time.monotonic()
-            timeout = max(0.1, min(held.fence.remaining(), self.config.renew_deadline))
+            # Bounded by what the fence has left (an answer after that cannot keep it), but never so short that
+            # a slow server cannot answer at all.
+            timeout = min(self.config.renew_deadline, max(held.fence.remaining(), self.config.retry_period))
             try:
                 obj = await self.client.request("PUT", f"{self._path}/{name}", body={**held.obj, "spec": spec},
                                                 timeout=timeout)
@@ -398,7 +432,8 @@ class ShardCoordinator:
                         "holderIdentity") != self.identity):
                     held.closed, held.fence.held = True, False  # taken or deleted: over now, not at the deadline
                     if unit is None and held is self._member:
-                        self._member = None  # rejoin
+                        self._member = None  # rejoin, on a fresh view (ours was not renewed: others moved on)
+                        self._restart_clocks(time.monotonic())
                     self._wake.set()
                 elif e.status == 409 and current is not None:
                     held.obj = current  # still ours, a stale resourceVersion: the next round writes over it
@@ -409,13 +444,24 @@ class ShardCoordinator:
                 self._log.warning("cannot reach the API server to renew Lease {}: {}", name, _reason(e))
                 return
             held.obj = obj
-            if held is self._member and not held.fence.valid():
-                self._restart_clocks(sent)
-            if not held.closed:  # a tenure being released or lost is never revived
+            lapsed = not held.fence.valid()
+            if unit is None and not held.closed:  # membership goes on, on a fresh view if it had lapsed
                 held.fence.renewed(sent)
-            self._seen.setdefault(name, Observation()).see(obj.get("spec"), sent)
+                if lapsed:
+                    self._restart_clocks(time.monotonic())
+            elif not held.closed and not lapsed:
+                held.fence.renewed(sent)
+            # A unit's tenure that lapsed is never revived: its workers have parked, and the loop stops it.
+            self._saw_own(name, obj, sent)
         finally:
             held.renewing = None
+
+    def _saw_own(self, name: str, obj: Obj, at: float) -> None:
+        """Record a Lease as this replica wrote it, unless the watch already brought a newer version."""
+        cached = self._informer.lister.get(name, self._ns)
+        if cached is not None and _version(cached) > _version(obj):
+            return
+        self._seen.setdefault(name, Observation()).see(obj.get("spec"), at)
 
     def _restart_clocks(self, now: float) -> None:
         """This replica could not renew (nor, likely, watch) for longer than ``renew_deadline``: what it saw before
@@ -435,8 +481,10 @@ class ShardCoordinator:
     async def _take(self, u: _Unit, current: Obj | None, rescue: bool) -> None:
         """Take ``u``'s Lease, writing over exactly the ``current`` object the decision was made on."""
         try:
-            spec = holder_spec(current.get("spec") if current is not None else None, self.identity,
-                               self.config.lease_duration)
+            seen = self._seen.get(u.lease)
+            previous = current.get("spec") if current is not None else (
+                {"holderIdentity": seen.holder, "leaseTransitions": seen.transitions} if seen is not None else None)
+            spec = holder_spec(previous, self.identity, self.config.lease_duration)
             released = current is not None and not (current.get("spec") or {}).get("holderIdentity")
             sent = time.monotonic()
             try:
@@ -458,7 +506,7 @@ class ShardCoordinator:
             fence = UnitFence(u.name, self.identity, int(obj["spec"].get("leaseTransitions") or 0),
                               self.config.renew_deadline)
             fence.renewed(sent)
-            self._seen.setdefault(u.lease, Observation()).see(obj.get("spec"), sent)
+            self._saw_own(u.lease, obj, sent)
             u.held, u.since, u.state, u.rescued = _Held(obj, fence), sent, UnitState.STARTING, rescue
             if released:
                 _HANDOVERS.labels("in").inc()
@@ -530,6 +578,10 @@ class ShardCoordinator:
                 u.task = None
             self._wake.set()
 
+    async def _leave(self, member: _Held) -> None:
+        await self._close(member)
+        await self._delete(self._member_lease, member.obj)
+
     async def _close(self, held: _Held) -> None:
         """No more renewals of ``held`` (one in flight is awaited: it must not write after a release)."""
         held.closed = True
@@ -543,7 +595,7 @@ class ShardCoordinator:
             try:
                 obj = await self.client.request("PUT", f"{self._path}/{name}", timeout=self.config.renew_deadline,
                                                 body={**obj, "spec": released_spec(obj["spec"])})
-                self._seen.setdefault(name, Observation()).see(obj.get("spec"))
+                self._saw_own(name, obj, time.monotonic())
                 return
             except ApiError as e:
                 if e.status != 409:
@@ -560,11 +612,14 @@ class ShardCoordinator:
                 self._log.warning("cannot release Lease {}: {}", name, _reason(e))
                 return
 
-    async def _delete(self, name: str, obj: Obj) -> None:
-        """Delete Lease ``name`` if it is still the object ``obj`` (by uid: a renewal since does not matter)."""
+    async def _delete(self, name: str, obj: Obj, *, unchanged: bool = False) -> None:
+        """Delete Lease ``name`` if it is still the object ``obj`` (by uid; ``unchanged``: not even renewed since)."""
+        preconditions = {"uid": obj["metadata"].get("uid")}
+        if unchanged:
+            preconditions["resourceVersion"] = obj["metadata"].get("resourceVersion")
         try:
             await self.client.request("DELETE", f"{self._path}/{name}", timeout=self.config.renew_deadline, body={
-                "preconditions": {"uid": obj["metadata"].get("uid")}})
+                "preconditions": preconditions})
         except ApiError as e:
             if e.status not in (404, 409):
                 self._log.warning("cannot delete Lease {}: {}", name, e)
@@ -583,7 +638,7 @@ class ShardCoordinator:
 
     async def _collect(self, name: str, obj: Obj) -> None:
         try:
-            await self._delete(name, obj)
+            await self._delete(name, obj, unchanged=True)  # a replica that just resumed keeps its Lease
         finally:
             self._collecting.discard(name)
 
@@ -594,8 +649,19 @@ class ShardCoordinator:
         return task
 
 
+def _version(obj: Obj) -> int:
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except ValueError:  # not etcd's integers: no order to rely on
+        return 0
+
+
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _member_lease(group: str, identity: str) -> str:
+    return f"{group}-member-{_digest(identity)}"
 
 
 def _unit_lease(group: str, unit: str) -> str:

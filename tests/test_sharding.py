@@ -304,3 +304,35 @@ async def test_a_replica_joins_over_a_member_lease_it_already_has(control_plane:
         await c.stop()
         leases = await client.request("GET", path)
         assert not [item for item in leases["items"] if item["metadata"]["name"].startswith("t-member-")]
+
+
+async def test_a_deleted_unit_lease_is_not_taken_while_its_holder_may_still_work(control_plane: Any,
+                                                                               namespace: str) -> None:
+    """Someone deletes the unit Leases (a cleanup) while their holder is not their assigned member: the assigned
+    member waits for what the Lease last said to expire instead of creating it at once; the holder stops at once."""
+    recorder = Recorder(4)
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        first = ShardCoordinator(client, config(namespace, min_hold=120.0), "first", recorder.kind_for("first"))
+        await first.start()
+        await eventually(lambda: recorder.owned() == Counter({"first": 4}), timeout=20)
+        second = ShardCoordinator(client, config(namespace, min_hold=120.0), "second", recorder.kind_for("second"))
+        await second.start()
+        await eventually(lambda: len(second.live_members()) == 2 and
+                         any(u["assigned"] == "second" for u in second.status()["units"]), timeout=20)
+        leases = await client.request("GET", path, params={"labelSelector": "kube-syncer.io/shard-role=unit"})
+        for item in leases["items"]:
+            await client.request("DELETE", f"{path}/{item['metadata']['name']}")
+        await eventually(lambda: "second" in recorder.owned() and sum(recorder.owned().values()) == 4, timeout=20,
+                         what="the units running again, some on their assigned member")
+        for c in (first, second):
+            await c.stop()
+        assert recorder.overlaps == []
+        # The recreated Leases continue their tenures' count: it never goes back, and a count is one holder's.
+        holders: dict[tuple[str, int], str] = {}
+        counts: dict[str, list[int]] = {}
+        for unit, holder, transitions in recorder.tenures:
+            assert holders.setdefault((unit, transitions), holder) == holder, recorder.tenures
+            counts.setdefault(unit, []).append(transitions)
+        assert all(c == sorted(c) for c in counts.values()), counts
+        assert any(c[-1] > 0 for c in counts.values())  # some moved to "second", one transition on
