@@ -267,18 +267,6 @@ async def settle_writes(cache: ApiClient, quiet: float = 3.0, timeout: float = 1
     return last
 
 
-def member_kubeconfig(cp: Any) -> bytes:
-    import base64
-
-    ca = base64.b64encode(cp.ca_file.read_bytes()).decode()
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": cp.url, "certificate-authority-data": ca}}],
-        "users": [{"name": "u", "user": {"token": cp.admin_token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }).encode()
-
-
 async def fill_source(src: ApiClient, n: int, size: int, create: bool) -> float:
     """Create (or, ``create=False``, resize) the N ConfigMaps; returns seconds taken."""
     sem = asyncio.Semaphore(32)
@@ -419,7 +407,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
         cache_cp.start()
         src_cp.start()
         src_kc = src_cp.dir / "bench-source.kubeconfig"
-        src_kc.write_bytes(member_kubeconfig(src_cp))
+        src_kc.write_bytes(src_cp.member_kubeconfig())
         async with ApiClient.from_kubeconfig(str(cache_cp.kubeconfig)) as cache, \
                 ApiClient.from_kubeconfig(str(src_cp.kubeconfig)) as src:
             await install_crds(cache)
@@ -434,7 +422,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
             await cache.request("POST", "/api/v1/namespaces", body={"metadata": {"name": SECRETS_NS}})
             await cache.request("POST", SECRETS.path(SECRETS_NS), body={
                 "metadata": {"name": CLUSTER, "labels": {"kube-syncer.io/kubeconfig": "true"}},
-                "data": {"kubeconfig": base64.b64encode(member_kubeconfig(src_cp)).decode()}})
+                "data": {"kubeconfig": base64.b64encode(src_cp.member_kubeconfig()).decode()}})
             await src.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
             results["fill_s"] = await fill_source(src, args.objects, args.small, create=True)
             print(f"source filled: {args.objects} in {results['fill_s']:.1f}s", file=sys.stderr, flush=True)

@@ -221,16 +221,6 @@ class Proc:
             await asyncio.gather(self._reader, return_exceptions=True)
 
 
-def member_kubeconfig(cp: Any) -> bytes:
-    ca = base64.b64encode(cp.ca_file.read_bytes()).decode()
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": cp.url, "certificate-authority-data": ca}}],
-        "users": [{"name": "u", "user": {"token": cp.admin_token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }).encode()
-
-
 async def put_secret(api: ApiClient, namespace: str, name: str, data: bytes) -> None:
     await api.request("POST", SECRETS.path(namespace), body={
         "metadata": {"name": name, "labels": LABELS}, "data": {"kubeconfig": base64.b64encode(data).decode()}})
@@ -349,7 +339,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
         mgmt_cp.start()
         work_cp.start()
         kubeconfig = str(mgmt_cp.kubeconfig)
-        data = member_kubeconfig(work_cp)
+        data = work_cp.member_kubeconfig()
         async with ApiClient.from_kubeconfig(kubeconfig) as mgmt, \
                 ApiClient.from_kubeconfig(str(work_cp.kubeconfig)) as work:
             await setup_workload(work)

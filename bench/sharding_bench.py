@@ -375,14 +375,6 @@ def delta(a: dict[tuple[str, str], float], b: dict[tuple[str, str], float]) -> d
 
 
 # -- setup -------------------------------------------------------------------------------------------------------
-def member_kubeconfig(cp: Any) -> bytes:
-    ca = base64.b64encode(cp.ca_file.read_bytes()).decode()
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": cp.url, "certificate-authority-data": ca}}],
-        "users": [{"name": "u", "user": {"token": cp.admin_token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }).encode()
 
 
 async def setup(api: ApiClient, cp: Any, clusters: int, busy_clusters: int) -> None:
@@ -390,7 +382,7 @@ async def setup(api: ApiClient, cp: Any, clusters: int, busy_clusters: int) -> N
         await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
     await api.request("POST", "/api/v1/namespaces/probe/configmaps", body={"metadata": {"name": "tick"},
                                                                           "data": {"k": "v"}})
-    data = base64.b64encode(member_kubeconfig(cp)).decode()
+    data = base64.b64encode(cp.member_kubeconfig()).decode()
     for ns, n in (("secrets", clusters), ("secrets-busy", busy_clusters), ("secrets-stall", 4)):
         await asyncio.gather(*(api.request("POST", f"/api/v1/namespaces/{ns}/secrets", body={
             "metadata": {"name": f"c{i:03d}", "labels": LABELS}, "data": {"kubeconfig": data}}) for i in range(n)))

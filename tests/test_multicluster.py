@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import gc
-import json
 import os
 import sys
 from pathlib import Path
@@ -52,13 +51,7 @@ def workloads() -> Iterator[tuple[ControlPlane, ControlPlane]]:
 
 def kubeconfig(cp: ControlPlane, token: str | None = None, server: str | None = None,
                user: dict[str, Any] | None = None) -> bytes:
-    ca = base64.b64encode(cp.ca_file.read_bytes()).decode()
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server or cp.url, "certificate-authority-data": ca}}],
-        "users": [{"name": "u", "user": user if user is not None else {"token": token or cp.admin_token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }).encode()
+    return cp.member_kubeconfig(token, server, user)
 
 
 async def put_secret(api: ApiClient, namespace: str, name: str, data: bytes, annotations: dict[str, str] | None = None,

@@ -318,6 +318,18 @@ class ControlPlane:
         """The CA that signed the apiserver's serving certificate."""
         return self.dir / "ca.crt"
 
+    def member_kubeconfig(self, token: str | None = None, server: str | None = None,
+                          user: dict[str, Any] | None = None) -> bytes:
+        """A one-context kubeconfig for this plane with everything inline, as a kubeconfig Secret carries it: the
+        admin token unless ``token`` (or a whole ``user`` entry) is given, ``server`` to go through a proxy."""
+        ca = base64.b64encode(self.ca_file.read_bytes()).decode()
+        return json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": server or self.url, "certificate-authority-data": ca}}],
+            "users": [{"name": "u", "user": user if user is not None else {"token": token or self.admin_token}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        }).encode()
+
     def _write_kubeconfig(self) -> None:
         ca = base64.b64encode(self.ca_file.read_bytes()).decode()
         config = {
