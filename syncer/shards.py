@@ -4,12 +4,18 @@ the same rules (``leader.py``, ``lease.py``).
 
 - Membership: each replica holds a member Lease (``<group>-member-<hash>``, holder = its identity, pod name +
   uuid). The live members are those whose Lease record this replica has seen change within its duration, on its
-  own monotonic clock; this replica counts itself while its own member Lease is renewed in time.
+  own monotonic clock, and since its first list of the Leases (one that died just before this replica started
+  is not live); this replica counts itself while its own member Lease is renewed in time. A replica decides
+  nothing for two retry periods after that first list, and the others hand it units only once they have known
+  it that long. After its own renewals lapsed (an outage) a replica judges every Lease afresh the same way, so
+  the first one back does not take every unit whose holder it could not see renewing.
 - Assignment: rendezvous hashing with bounded loads over the live members (``rendezvous.py``): every replica
   computes the same owner for every unit without talking to the others.
 - Fencing: a replica starts a unit only after taking the unit's Lease, and its fence (``lease.RenewFence``:
   valid while the last successful renewal is less than ``renew_deadline`` old, checked locally) goes to the
-  unit's controllers and clients. A unit whose Lease is not renewed in time is stopped, and not released.
+  unit's controllers and clients. A unit whose Lease is not renewed in time, or is taken or deleted, is stopped,
+  and not released; a tenure that lapsed is never revived. A deleted Lease counts, until what it said expires,
+  as if it were still there.
 - Handover: a unit assigned elsewhere (and held at least ``min_hold``, so a member that blips does not make
   units flap) is stopped, its queue drained, and only then its Lease released; the new owner sees the release
   through its Lease watch and takes it at once. multicluster-runtime releases the fence while the old work is
