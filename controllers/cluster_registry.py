@@ -49,6 +49,7 @@ from informers import (
     GVR, ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory, FuncHandler, ResourceClient,
     SharedIndexInformer, Supervisor, drop_managed_fields, object_key,
 )
+from informers.errors import describe_error
 from informers.metrics import MetricSet
 from informers.store import DeletedFinalStateUnknown, Obj
 from informers.union_lister import ClusterNotFound
@@ -395,7 +396,8 @@ class ClusterRegistry:
             self._add(_Member(name, source, data))
 
     def _add(self, m: _Member) -> None:
-        m.fence = self._gate(m.name) or self.fence
+        fence = self._gate(m.name)
+        m.fence = fence if fence is not None else _NOT_OURS  # never reached: engaged only through an open gate
         self._members[m.name] = m
         m.task = self._spawn(self._run(m), f"cluster {display_name(m.name)}")
 
@@ -455,9 +457,9 @@ class ClusterRegistry:
                 except Exception as e:
                     delay = backoff.next()
                     m.state = MemberState.RETRYING
-                    self._condition_for(m).set(False, type(e).__name__, _describe(e))
+                    self._condition_for(m).set(False, type(e).__name__, describe_error(e))
                     self._log.warning("cluster {}: {} failed ({}); retrying in {:.1f}s", display_name(m.name),
-                                      self._phase(m), _describe(e), delay)
+                                      self._phase(m), describe_error(e), delay)
                     await self._release(m)
                     await asyncio.sleep(delay)
             await self._engage(m, cluster)
@@ -556,8 +558,8 @@ class ClusterRegistry:
                 await m.client.request("GET", "/version", timeout=self.options.connect_timeout)
             except Exception as e:
                 if connected.status:
-                    self._log.warning("cluster {}: not reachable ({})", display_name(m.name), _describe(e))
-                connected.set(False, type(e).__name__, _describe(e))
+                    self._log.warning("cluster {}: not reachable ({})", display_name(m.name), describe_error(e))
+                connected.set(False, type(e).__name__, describe_error(e))
             else:
                 if connected.status is False:
                     self._log.info("cluster {}: reachable again", display_name(m.name))
@@ -642,6 +644,16 @@ class ClusterClients:
         return self._registry.list_clusters()
 
 
+class _NotOurs:
+    """The fence of a cluster the gate gives to another replica: closed."""
+
+    def valid(self) -> bool:
+        return False
+
+
+_NOT_OURS: Fence = _NotOurs()
+
+
 def _default_factory(client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
     # A private metrics registry: informer series are labelled by GVR only, and two clusters' informers of one
     # GVR would overwrite (and, when one stops, remove) each other's.
@@ -668,9 +680,6 @@ def _kubeconfig_bytes(secret: Obj, key: str) -> bytes | None:
     except (binascii.Error, ValueError):
         return b"\x00not base64"  # the loader reports it as malformed, per member, like any other bad kubeconfig
 
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 async def _bounded_call(timeout: float, fn: Callable[..., Any], *args: Any) -> None:

@@ -113,3 +113,8 @@ _BY_CODE: dict[int, type[ApiError]] = {
 
 class FenceError(Exception):
     """A write refused locally: the fence of the client (e.g. a leadership term) no longer holds."""
+
+
+def describe_error(e: BaseException) -> str:
+    """``Type: message`` (just ``Type`` when the message is empty): what a log line or condition shows of an error."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Iterator
 from loguru import logger
 
 from .backoff import Backoff
+from .errors import describe_error
 
 
 class TaskState(str, enum.Enum):
@@ -84,7 +85,7 @@ class TaskHandle:
 
     def failed(self, error: BaseException) -> None:
         """Record an error the body handled itself (it keeps running); shown until ``succeeded()``."""
-        self.last_error = _describe(error)
+        self.last_error = describe_error(error)
         self.last_error_at = time.time()
 
     def succeeded(self) -> None:
@@ -175,11 +176,11 @@ class Supervisor:
                 handle.failed(e)
                 if not handle.restart:
                     handle.state = TaskState.DEAD
-                    self._log.opt(exception=e).error("background task {} died: {}", handle.name, _describe(e))
+                    self._log.opt(exception=e).error("background task {} died: {}", handle.name, describe_error(e))
                     return
                 delay = handle.backoff.next()
                 self._log.opt(exception=e).error("background task {} failed ({}); restarting in {:.1f}s",
-                                                 handle.name, _describe(e), delay)
+                                                 handle.name, describe_error(e), delay)
             else:
                 if not handle.restart:
                     # A one-shot task that did its job: nothing left to report on.
@@ -195,6 +196,3 @@ class Supervisor:
             handle.busy_since = None
             await asyncio.sleep(delay)
 
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -29,6 +29,7 @@ from loguru import logger
 
 from informers import ApiClient, ApiError
 from informers.client import CONNECTION_ERRORS
+from informers.errors import describe_error
 
 from .lease import LEASES_PATH, Observation, RenewFence, holder_spec, lease_body, released_spec
 from .settings import LeaderElection
@@ -154,7 +155,7 @@ class LeaderElector:
             self._renewed(now)
             return True
         except CONNECTION_ERRORS as e:
-            self._log.warning("cannot reach the API server for the lease: {}", _reason(e))
+            self._log.warning("cannot reach the API server for the lease: {}", describe_error(e))
             return False
         current = lease.get("spec") or {}
         self._observed.see(current, now)
@@ -169,7 +170,7 @@ class LeaderElector:
                 self._log.warning("cannot update the lease: {}", e)
             return False
         except CONNECTION_ERRORS as e:
-            self._log.warning("cannot reach the API server for the lease: {}", _reason(e))
+            self._log.warning("cannot reach the API server for the lease: {}", describe_error(e))
             return False
         self._observed.see(spec, now)
         self._renewed(now)
@@ -180,6 +181,3 @@ class LeaderElector:
         self.renewal.renewed(sent_at)
         self.is_leader = True
 
-
-def _reason(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

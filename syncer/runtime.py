@@ -53,6 +53,7 @@ from informers import (
     Supervisor, TaskHandle,
 )
 from informers.client import CONNECTION_ERRORS
+from informers.errors import describe_error
 from informers.wait import wait_first
 
 from .http import StatusServer
@@ -341,15 +342,11 @@ class Syncer:
         """Multi-cluster mode: the cluster registry, the per-cluster controllers and the fleet controllers, for
         this term (a standby watches no member cluster)."""
         assert self.factory is not None
-        c = self.settings.clusters
         required = {g for spec in self.controllers.values() for g in spec.required_gvrs}
         required |= {spec.gvr for spec in self.fleet.values()}
         registry = self.registry = ClusterRegistry(
-            self.client, RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
-                                         secret_types=c.secret_types, include_local=c.include_local,
-                                         allowed_exec_commands=c.allowed_exec_commands, sync_timeout=c.sync_timeout),
-            required=required, make_factory=self._member_factory, local_factory=self.factory, fence=fence,
-            supervisor=self.supervisor)
+            self.client, self._registry_options(), required=required, make_factory=self._member_factory,
+            local_factory=self.factory, fence=fence, supervisor=self.supervisor)
         self.cluster_controllers = ClusterControllers(
             self.controllers, name=self.identity, fence=fence, workers=self.settings.workers,
             resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(),
@@ -372,12 +369,8 @@ class Syncer:
         s = self.settings
         units: ClusterUnits | ControllerUnits
         if s.sharding.unit_kind(s.clusters.enabled) == "clusters":
-            c = s.clusters
             self.registry = ClusterRegistry(
-                self.client, RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
-                                             secret_types=c.secret_types, include_local=c.include_local,
-                                             allowed_exec_commands=c.allowed_exec_commands,
-                                             sync_timeout=c.sync_timeout),
+                self.client, self._registry_options(),
                 required={g for spec in self.controllers.values() for g in spec.required_gvrs},
                 make_factory=self._member_factory, local_factory=self.factory, supervisor=self.supervisor,
                 gate=lambda name: self.shards.fence_for(name) if self.shards is not None else None)
@@ -387,7 +380,7 @@ class Syncer:
             await self.registry.register_cluster_handler(self.cluster_controllers)
             units = ClusterUnits(self.registry, self.cluster_controllers)
         else:
-            units = self.unit_controllers = ControllerUnits(sorted(self.controllers), partial(self._unit_manager))
+            units = self.unit_controllers = ControllerUnits(sorted(self.controllers), self._unit_manager)
 
         def stuck(names: list[str]) -> None:
             self._stuck += names
@@ -426,6 +419,13 @@ class Syncer:
             if self.cluster_controllers is not None:
                 self._stuck += await self.cluster_controllers.stop()
                 self.cluster_controllers = None
+
+    def _registry_options(self) -> RegistryOptions:
+        """The cluster registry's options, from ``[clusters]``."""
+        c = self.settings.clusters
+        return RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
+                               secret_types=c.secret_types, include_local=c.include_local,
+                               allowed_exec_commands=c.allowed_exec_commands, sync_timeout=c.sync_timeout)
 
     def _member_factory(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
         s = self.settings
@@ -513,7 +513,7 @@ def _refused(host: str, e: ApiError) -> str:
 def _reason(e: BaseException | None) -> str:
     if e is None:
         return "unknown"
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return describe_error(e)
 
 
 async def _until(stop: asyncio.Event, work: Any) -> bool:

@@ -49,6 +49,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from informers import GVR, ApiClient, ApiError, FuncHandler, SharedIndexInformer, Supervisor
 from informers.client import CONNECTION_ERRORS
+from informers.errors import describe_error
 from informers.metrics import MetricSet
 from informers.store import DeletedFinalStateUnknown, Obj
 from informers.wait import wait_first
@@ -405,7 +406,7 @@ class ShardCoordinator:
                     **current, "spec": holder_spec(current.get("spec"), self.identity, self.config.lease_duration)},
                     timeout=self.config.renew_deadline)
         except (ApiError, *CONNECTION_ERRORS) as e:
-            self._log.warning("cannot create member Lease {}/{}: {}", self._ns, self._member_lease, _reason(e))
+            self._log.warning("cannot create member Lease {}/{}: {}", self._ns, self._member_lease, describe_error(e))
             self._join_after = time.monotonic() + self.config.retry_period
             return
         finally:
@@ -447,7 +448,7 @@ class ShardCoordinator:
                     self._log.warning("cannot renew Lease {}: {}", name, e)
                 return
             except CONNECTION_ERRORS as e:
-                self._log.warning("cannot reach the API server to renew Lease {}: {}", name, _reason(e))
+                self._log.warning("cannot reach the API server to renew Lease {}: {}", name, describe_error(e))
                 return
             held.obj = obj
             lapsed = not held.fence.valid()
@@ -507,7 +508,7 @@ class ShardCoordinator:
                     self._log.warning("cannot take Lease {} of unit {}: {}", u.lease, u.name, e)
                 return
             except CONNECTION_ERRORS as e:
-                self._log.warning("cannot reach the API server to take unit {}: {}", u.name, _reason(e))
+                self._log.warning("cannot reach the API server to take unit {}: {}", u.name, describe_error(e))
                 return
             fence = UnitFence(u.name, self.identity, int(obj["spec"].get("leaseTransitions") or 0),
                               self.config.renew_deadline)
@@ -563,7 +564,7 @@ class ShardCoordinator:
                 stuck = [f"unit {u.name} (did not stop within {self._stop_timeout:g}s)"]
             except Exception as e:  # whether its work stopped is unknown: as unsafe as a stuck one
                 self._log.opt(exception=e).error("stopping unit {} failed", u.name)
-                stuck = [f"unit {u.name} (stopping failed: {_reason(e)})"]
+                stuck = [f"unit {u.name} (stopping failed: {describe_error(e)})"]
             if stuck:
                 self.stuck += stuck
                 self._stuck_units.add(u.name)
@@ -610,12 +611,12 @@ class ShardCoordinator:
                 try:  # written meanwhile: release it still if it is ours
                     obj = await self.client.request("GET", f"{self._path}/{name}", timeout=self.config.renew_deadline)
                 except (ApiError, *CONNECTION_ERRORS) as e2:
-                    self._log.warning("cannot release Lease {}: {}", name, _reason(e2))
+                    self._log.warning("cannot release Lease {}: {}", name, describe_error(e2))
                     return
                 if (obj.get("spec") or {}).get("holderIdentity") != self.identity:
                     return
             except CONNECTION_ERRORS as e:  # its new owner takes it once it expires
-                self._log.warning("cannot release Lease {}: {}", name, _reason(e))
+                self._log.warning("cannot release Lease {}: {}", name, describe_error(e))
                 return
 
     async def _delete(self, name: str, obj: Obj, *, unchanged: bool = False) -> None:
@@ -630,7 +631,7 @@ class ShardCoordinator:
             if e.status not in (404, 409):
                 self._log.warning("cannot delete Lease {}: {}", name, e)
         except CONNECTION_ERRORS as e:
-            self._log.warning("cannot delete Lease {}: {}", name, _reason(e))
+            self._log.warning("cannot delete Lease {}: {}", name, describe_error(e))
 
     def _collect_members(self, now: float) -> None:
         """Delete member Leases not renewed for ten lease durations (replicas that died without leaving)."""
@@ -675,9 +676,6 @@ def _unit_lease(group: str, unit: str) -> str:
     slug = re.sub(r"[^a-z0-9.-]+", "-", unit.lower()).strip("-.")[:40].strip("-.")
     return f"{group}-unit-{slug + '-' if slug else ''}{_digest(unit)}"
 
-
-def _reason(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 class _Collector(MetricSet):

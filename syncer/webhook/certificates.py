@@ -39,6 +39,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from loguru import logger
 
+from informers.errors import describe_error
+
 CERT_FILE, KEY_FILE, CA_FILE = "tls.crt", "tls.key", "ca.crt"  # the names cert-manager gives a Secret's keys
 _SELF_SIGNED_DAYS = 365
 _log = logger.bind(component="webhook certificates")
@@ -235,5 +237,5 @@ class ServingCertificates:
 def _reason(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return describe_error(e)
 

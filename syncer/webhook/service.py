@@ -24,6 +24,7 @@ from loguru import logger
 
 from informers import ApiClient, ApiError, Backoff, Supervisor, TaskHandle
 from informers.client import CONNECTION_ERRORS
+from informers.errors import describe_error
 
 from ..settings import Webhooks
 from .certificates import CertificateError, ServingCertificates
@@ -221,4 +222,4 @@ def _describe(e: BaseException) -> str:
     """Our own errors say it all; others (API, connection) need their type too."""
     if isinstance(e, (ConfigurationError, NotCalled, CertificateError, ConnectionError)) and str(e):
         return str(e)
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return describe_error(e)
