@@ -2,8 +2,18 @@
 
 - First sync by watch-list streaming (``sendInitialEvents``) when the server supports it, else a paged LIST
   (``limit`` + ``continue``) at ``resourceVersion=0``. A relist, also the one after a 410 on a watch, asks for
-  the last synced RV (which means "not older than"), and falls back to ``""`` (a consistent read from etcd)
-  only when that request itself answers 410: after a compaction, every informer would otherwise make one.
+  the last synced RV, and falls back to ``""`` (a consistent read from etcd) only when that request itself
+  answers 410: after a compaction, every informer would otherwise make one.
+- A relist at the last synced RV is sent without ``limit``, as client-go's ``Reflector.list`` does: the
+  apiserver reads a LIST with ``limit``, a resourceVersion other than ``""``/``"0"`` and no
+  ``resourceVersionMatch`` as *Exact* (served from etcd at that revision), and without ``limit`` as *not older
+  than* (from the watch cache). After an apiserver restart the new watch cache starts at the current revision:
+  an exact relist would bring back the old state, the watch from its RV would answer 410, and the informer
+  would loop there forever. Relists are paged only when the first list at ``"0"`` came back paginated (the
+  cacher ignores ``limit`` at ``"0"``, so the watch cache was off or not yet initialised). client-go then sends
+  the same exact read; here a paged relist says ``resourceVersionMatch=NotOlderThan``, so that it cannot go
+  back in time either when the watch cache is there after all. client-go's ``WatchListPageSize``, which forces
+  paging, has no counterpart.
 - Watch-list is given up for a GVR only when the server demonstrably lacks it: it refuses ``sendInitialEvents``,
   or sends an ordinary bookmark before the initial-events-end one. A stream cut or timed out during the
   initial events is retried like any failed watch.
@@ -120,6 +130,7 @@ class Reflector:
         # list or the watch-list's pending set: freed later, that memory would stay with the process.
         self._transform = transform
         self._rv_unavailable = False
+        self._paginated_result = False  # the first list at "0" came in pages: the server has no watch cache
         self._need_list = True
         self._backoff = self.options.backoff()
         self._unreachable = False  # the last failure was a connection error
@@ -245,23 +256,32 @@ class Reflector:
     async def _list(self) -> None:
         rv = "" if self._rv_unavailable else (self.resource_version or "0")
         try:
-            items, list_rv = await self._paged_list(rv)
+            items, list_rv, paginated = await self._paged_list(rv)
         except ApiError as e:
             if not (e.is_gone and rv != ""):
                 raise
             self._log.info("list of {} at resourceVersion {} expired; listing the latest", self.gvr, rv)
-            items, list_rv = await self._paged_list("")
+            items, list_rv, _ = await self._paged_list("")
+        else:
+            # Only "0" tells: a list at "" is paged by etcd whether or not the server has a watch cache.
+            if rv == "0" and paginated:
+                self._paginated_result = True
         self._rv_unavailable = False
         self.sink.replace(items, list_rv)
         self.resource_version = list_rv
         self._need_list = False
         self._succeeded()
 
-    async def _paged_list(self, rv: str) -> tuple[list[Obj], str]:
+    async def _paged_list(self, rv: str) -> tuple[list[Obj], str, bool]:
+        """Every item at ``rv`` (the module docstring says when in pages), the list's RV, and whether the
+        server answered in more than one page."""
         params = {**self.selectors, "resourceVersion": rv}
-        if self.options.page_size:
+        if self.options.page_size and (rv in ("", "0") or self._paginated_result):
             params["limit"] = str(self.options.page_size)
+            if rv not in ("", "0"):
+                params["resourceVersionMatch"] = "NotOlderThan"
         items: list[Obj] = []
+        paginated = False
         while True:
             self._m_lists.inc()
             try:
@@ -290,7 +310,8 @@ class Reflector:
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
-                return items, meta.get("resourceVersion", "")
+                return items, meta.get("resourceVersion", ""), paginated
+            paginated = True
             params = {**self.selectors, "limit": str(self.options.page_size), "continue": token}
 
     # -- watch -------------------------------------------------------------------------------------------

@@ -21,3 +21,19 @@ async def api(control_plane):
 
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
         yield client
+
+
+# Randomized fault tests draw from the ``seed`` fixture: CI runs them with this fixed seed, ``--seed N`` replays
+# another (each test prints the one it used).
+FIXED_SEED = 20261202
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--seed", type=int, default=FIXED_SEED, help="seed of the randomized fault tests")
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    value = int(request.config.getoption("--seed"))
+    print(f"\n{request.node.nodeid}: seed {value} (replay with --seed {value})")
+    return value

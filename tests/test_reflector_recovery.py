@@ -1,9 +1,11 @@
-"""Recovery against real servers: an apiserver outage, a 410 in watch-list mode after a compaction and a restart,
-and the ApiClient's "the server answered again" signal."""
+"""Recovery against real servers: an apiserver outage, a 410 after compactions and restarts in watch-list and in
+LIST+WATCH mode (plain and sharded), the apiserver's LIST semantics that the relist relies on, and the
+ApiClient's "the server answered again" signal."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 
@@ -12,10 +14,12 @@ import kubernetes
 import pytest
 from aiohttp import web
 
-from informers import ApiClient, ApiError
+from prometheus_client import CollectorRegistry
+
+from informers import ApiClient, ApiError, InformerMetrics, ObjectShard, ReflectorOptions, SharedIndexInformer
 from informers.client import CONNECTION_ERRORS
 
-from .helpers import CONFIGMAPS, converged, create_configmaps, eventually
+from .helpers import CONFIGMAPS, cache_state, converged, create_configmaps, eventually, server_state
 from .proxy import Proxy
 from .test_informer_integration import Recorder, counter_sum, factory_for
 
@@ -75,6 +79,92 @@ async def test_410_in_watch_list_mode_resumes_from_the_last_rv_and_delivers_tomb
             assert any(e[0] == "update" and e[1] == "cm-10" for e in rec.events)
         finally:
             await f.shutdown()
+            await client.close()
+            await proxy.stop()
+
+
+async def list_rv(api: ApiClient, namespace: str, **params: str) -> int:
+    out = await api.request("GET", CONFIGMAPS.path(namespace), params)
+    return int(out["metadata"]["resourceVersion"])
+
+
+async def test_list_and_watch_informers_converge_after_churn_compactions_and_restarts(control_plane_factory,
+                                                                                       seed) -> None:
+    """Informers without watch-list (a plain one, and two over halves of the objects, which always list) through
+    rounds of: cut off, churn, then an apiserver restart with no compaction, a compaction up to the informers' RV
+    (both leave that RV readable in etcd but older than the new watch cache) or a compaction up to now. After
+    each round every informer matches a fresh consistent LIST, and delivered a tombstone for each object it
+    held that was deleted meanwhile."""
+    rng = random.Random(seed)
+    cp = control_plane_factory()
+    ns = "lw"
+    async with ApiClient.from_kubeconfig(str(cp.kubeconfig)) as admin:
+        await admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+        await create_configmaps(admin, ns, 40)
+        proxy = await Proxy(cp.port).start()
+        client = ApiClient.from_kubeconfig(str(cp.kubeconfig))
+        client.host = f"https://127.0.0.1:{proxy.port}"
+        shards = [None, ObjectShard.of(0, 2), ObjectShard.of(1, 2)]
+        informers = [SharedIndexInformer(client, CONFIGMAPS, namespace=ns, shard=shard,
+                                         options=ReflectorOptions(watch_list=False),
+                                         metrics=InformerMetrics.for_registry(CollectorRegistry()))
+                     for shard in shards]
+        recorders = [Recorder() for _ in informers]
+        for inf, rec in zip(informers, recorders):
+            inf.add_event_handler(rec)
+            inf.start()
+
+        async def expected(shard: ObjectShard | None) -> dict[str, str]:
+            out = await admin.request("GET", CONFIGMAPS.path(ns), {"resourceVersion": ""})
+            return {f"{ns}/{i['metadata']['name']}": i["metadata"]["resourceVersion"] for i in out["items"]
+                    if shard is None or shard.contains(i)}
+
+        async def all_converged() -> bool:
+            try:
+                return all([await expected(s) == cache_state(i) for s, i in zip(shards, informers)])
+            except (ApiError, OSError):
+                return False
+
+        try:
+            assert all(await asyncio.gather(*(i.wait_for_sync(30) for i in informers)))
+            kinds = ["no compaction", "compaction to the informers' RV", "compaction to now"]
+            rng.shuffle(kinds)
+            for round_, kind in enumerate(kinds):
+                for rec in recorders:
+                    rec.events.clear()
+                proxy.refuse = True
+                proxy.cut()
+                await eventually(lambda: all(i.last_error is not None for i in informers), 10, "the cut noticed")
+                held = [{k.split("/")[1] for k in i.store.keys()} for i in informers]
+                old_rv = int(informers[0].resource_version)
+                names = sorted(held[0])
+                deleted = set(rng.sample(names, rng.randint(3, 8)))
+                for name in deleted:
+                    await admin.request("DELETE", f"{CONFIGMAPS.path(ns)}/{name}")
+                for name in rng.sample(sorted(set(names) - deleted), rng.randint(3, 8)):
+                    await admin.request("PATCH", f"{CONFIGMAPS.path(ns)}/{name}", body={"data": {"r": str(round_)}})
+                await create_configmaps(admin, ns, rng.randint(3, 8), prefix=f"born-{round_}")
+                if kind == "compaction to now":
+                    cp.compact()
+                elif kind == "compaction to the informers' RV":
+                    cp.compact(min(int(i.resource_version) for i in informers))
+                await asyncio.to_thread(cp.restart_apiserver)
+                if kind != "compaction to now":
+                    # The apiserver's rule the relist must respect: with `limit`, a LIST at an older RV is an
+                    # exact read (etcd still has that revision, so it answers with the old state); without,
+                    # it is "not older than", from the new watch cache.
+                    current = await list_rv(admin, ns, resourceVersion="")
+                    assert await list_rv(admin, ns, resourceVersion=str(old_rv), limit="500") == old_rv
+                    assert await list_rv(admin, ns, resourceVersion=str(old_rv)) >= current
+                proxy.refuse = False
+                await eventually(all_converged, 60, f"convergence after round {round_} ({kind}), seed {seed}")
+                for inf, rec, had in zip(informers, recorders, held):
+                    tombstones = {e[1] for e in rec.events if e[0] == "tombstone"}
+                    assert tombstones == deleted & had, (kind, inf.reflector.shard, seed)
+                    assert not any(e[0] == "delete" for e in rec.events)
+            assert {k for i in informers[1:] for k in i.store.keys()} == set(informers[0].store.keys())
+        finally:
+            await asyncio.gather(*(i.stop() for i in informers))
             await client.close()
             await proxy.stop()
 

@@ -181,7 +181,7 @@ async def test_very_short_watch_relists_and_expired_list_rv_retries_consistent()
     assert delays[0][0] == "ShortWatchError"
     # first list RV=0 (cache), relist at the last RV, then "" once that RV expired
     assert [p["resourceVersion"] for p in client.list_params] == ["0", "10", ""]
-    assert all(p["limit"] == "500" for p in client.list_params)
+    assert [p.get("limit") for p in client.list_params] == ["500", None, "500"]
     assert sink.replaced == [(1, "10"), (2, "20")]
 
 
@@ -203,6 +203,61 @@ async def test_watch_410_then_expired_list_rv_falls_back_to_consistent_read():
     await run_until(r, lambda: len(sink.replaced) == 2)
     assert [p["resourceVersion"] for p in client.list_params] == ["0", "10", ""]
     assert [d[:2] for d in delays] == [("ApiError", 410)]  # the fallback is immediate, as in client-go
+
+
+def paged(rv, names, token=None):
+    body = page(rv, 0)
+    body["items"] = [{"metadata": {"name": n, "resourceVersion": rv}} for n in names]
+    if token:
+        body["metadata"]["continue"] = token
+    return body
+
+
+GONE = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
+
+
+def list_semantics(params):
+    """How the apiserver reads a LIST (its delegator's ShouldDelegateList): 'exact' is served from etcd at that
+    revision, however old; 'not older than' from the watch cache."""
+    rv, match = params.get("resourceVersion"), params.get("resourceVersionMatch", "")
+    if "continue" in params:
+        return "continue"
+    if match:
+        return {"Exact": "exact", "NotOlderThan": "not older than"}[match]
+    if params.get("limit") and rv not in (None, "", "0"):
+        return "exact"
+    return "consistent" if rv == "" else "any" if rv == "0" else "not older than"
+
+
+async def test_a_relist_is_never_an_exact_read_of_the_last_synced_rv():
+    # Watch cache on: the first list at "0" is one page (the cacher ignores limit there), so relists are unpaged.
+    # A relist that answers 410 falls back to a consistent list, which etcd pages: that does not say the watch
+    # cache is off, so the next relist is still unpaged.
+    client = FakeClient([page("10"), page("20"), ApiError(410, "Expired"), paged("30", ["a"], "tok"),
+                         paged("30", ["b"]), page("40")], [[GONE], [GONE], [GONE]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays)
+    await run_until(r, lambda: len(sink.replaced) == 4)
+    assert [(p["resourceVersion"] if "continue" not in p else "+", list_semantics(p))
+            for p in client.list_params] == [
+        ("0", "any"), ("10", "not older than"), ("20", "not older than"), ("", "consistent"), ("+", "continue"),
+        ("30", "not older than")]
+    assert [p.get("limit") for p in client.list_params] == ["500", None, None, "500", "500", None]
+
+
+async def test_after_a_paginated_first_list_relists_are_paged_and_not_older_than():
+    # Watch cache off (or not yet initialised): the first list at "0" came in pages, so relists page too, as in
+    # client-go, but say NotOlderThan where client-go's legacy exact read could go back in time.
+    client = FakeClient([paged("10", ["a"], "tok"), paged("10", ["b"]), paged("20", ["a"], "t2"), paged("20", [])],
+                        [[GONE]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays)
+    await run_until(r, lambda: len(sink.replaced) == 2)
+    first, cont, relist, cont2 = client.list_params
+    assert list_semantics(first) == "any" and cont == {"limit": "500", "continue": "tok"}
+    assert relist == {"resourceVersion": "10", "resourceVersionMatch": "NotOlderThan", "limit": "500"}
+    assert list_semantics(relist) == "not older than" and "resourceVersion" not in cont2
+    assert sink.replaced == [(2, "10"), (1, "20")]
 
 
 # -- watch-list ----------------------------------------------------------------------------------------------
