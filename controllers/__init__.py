@@ -2,6 +2,7 @@
 
 from .context import ControllerContext, ReconcileContext, ReconcileStats
 from .controller import Controller
+from .equality import semantic_equal
 from .events import EventRecorder, EventType
 from .fence import OPEN, Fence
 from .finalizers import add_finalizer, has_finalizer, remove_finalizer
@@ -31,7 +32,7 @@ __all__ = [
     "TerminalError", "WorkQueue", "default_controller_rate_limiter",
     "AlreadyOwnedError", "DEFAULT_RETRY", "EventRecorder", "EventType", "OperationResult", "RetryBackoff",
     "add_finalizer", "create_or_patch", "create_or_update", "has_finalizer", "owner_requests", "remove_finalizer",
-    "retry_on_conflict", "set_controller_reference", "set_owner_reference",
+    "retry_on_conflict", "semantic_equal", "set_controller_reference", "set_owner_reference",
     "Predicate", "ReconcileContext", "ReconcileMetrics", "WatchEvent", "and_", "annotations_changed",
     "generation_changed", "labels_changed", "not_", "or_", "reconcile_metrics", "resource_version_changed",
     "ManagedSub", "SubFactory", "UnionController",

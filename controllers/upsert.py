@@ -9,6 +9,8 @@ differences, and why:
 - Like controllerutil, neither retries on conflict: an update from a stale read raises ``Conflict``, and the
   caller wraps the call in ``retry_on_conflict`` (each call reads afresh). ``create_or_patch`` sends merge
   patches of just the fields ``mutate`` changed, without a resourceVersion, so it only conflicts on a create race.
+- As controllerutil, they compare with semantic equality (``semantic_equal``): a ``mutate`` that sets an empty
+  map or list where the server stores none changes nothing, and sends nothing.
 - As in controllerutil, a status set by ``mutate`` on the create path is dropped by servers that serve status as
   a subresource; it is written on the next ``create_or_patch``.
 """
@@ -21,6 +23,8 @@ from typing import Any, Callable
 
 from informers.errors import NotFound
 from informers.resource import Object, ResourceClient
+
+from .equality import semantic_equal
 
 Mutate = Callable[[Object], None]
 
@@ -42,7 +46,7 @@ async def create_or_update(client: ResourceClient, obj: Object, mutate: Mutate) 
     if found is None:
         return await client.create(_mutated(obj, mutate)), OperationResult.CREATED
     desired = _mutated(found, mutate)
-    if desired == found:
+    if semantic_equal(desired, found):
         return found, OperationResult.UNCHANGED
     return await client.update(desired), OperationResult.UPDATED
 
@@ -58,11 +62,11 @@ async def create_or_patch(client: ResourceClient, obj: Object, mutate: Mutate) -
     result = OperationResult.UNCHANGED
     current = found
     before, after = _without_status(found), _without_status(desired)
-    if before != after:
+    if not semantic_equal(before, after):
         current = await client.patch(meta["name"], _merge_patch(before, after), type="merge",
                                      namespace=meta.get("namespace"))
         result = OperationResult.UPDATED
-    if found.get("status") != desired.get("status"):
+    if not semantic_equal(found.get("status"), desired.get("status")):
         current = await client.patch_status(
             meta["name"], _merge_patch({"status": found.get("status")}, {"status": desired.get("status")}),
             type="merge", namespace=meta.get("namespace"))
@@ -105,6 +109,6 @@ def _merge_patch(before: Any, after: Any) -> Any:
         return after
     patch = {k: None for k in before.keys() - after.keys()}
     for k, v in after.items():
-        if k not in before or before[k] != v:
+        if k not in before or not semantic_equal(before[k], v):
             patch[k] = _merge_patch(before.get(k), v)
     return patch

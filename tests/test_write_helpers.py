@@ -176,6 +176,53 @@ async def test_create_or_patch_results(api: ApiClient, namespace: str, widgets_g
     assert after["spec"]["size"] == 5 and after["metadata"]["labels"] == {"keep": "me"}
 
 
+def record_writes(api: ApiClient) -> list[tuple[str, str]]:
+    """(method, path) of every write ``api`` sends from now on."""
+    writes: list[tuple[str, str]] = []
+    original = api.request
+
+    async def request(method, path, params=None, body=None, *args, **kwargs):
+        if method != "GET":
+            writes.append((method, path))
+        return await original(method, path, params, body, *args, **kwargs)
+
+    api.request = request  # type: ignore[method-assign]
+    return writes
+
+
+@pytest.mark.parametrize("upsert", [create_or_update, create_or_patch])
+async def test_empty_maps_and_lists_settle_unchanged_and_send_nothing(api: ApiClient, namespace: str,
+                                                                      upsert: Any) -> None:
+    # The server stores no empty data, labels, annotations or finalizers: comparing the mutated object with the
+    # stored one as apimachinery's Semantic.DeepEqual does, they are the same object.
+    cms = ResourceClient(api, CONFIGMAPS)
+
+    def mutate(cm: dict[str, Any]) -> None:
+        cm["data"] = {}
+        cm["metadata"]["labels"] = {}
+        cm["metadata"]["annotations"] = {}
+        cm["metadata"]["finalizers"] = []
+
+    name = "empty-" + upsert.__name__.replace("_", "-")
+    created, result = await upsert(cms, configmap(name, namespace), mutate)
+    assert result is OperationResult.CREATED
+    assert "data" not in created and "labels" not in created["metadata"]
+    writes = record_writes(api)
+    for _ in range(2):
+        same, result = await upsert(cms, configmap(name, namespace), mutate)
+        assert result is OperationResult.UNCHANGED
+        assert same["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    assert writes == []
+
+    def label(cm: dict[str, Any]) -> None:
+        mutate(cm)
+        cm["metadata"]["labels"] = {"a": ""}  # an empty string is a value
+
+    _, result = await upsert(cms, configmap(name, namespace), label)
+    assert result is OperationResult.UPDATED and len(writes) == 1
+    assert (await cms.get(name, namespace))["metadata"]["labels"] == {"a": ""}
+
+
 # -- finalizers -----------------------------------------------------------------------------------------------
 
 
