@@ -3,14 +3,19 @@
 Configuration (kubeconfig with context selection, in-cluster service account, token credentials and their
 refresh, client certificates, CA) is read by ``kubernetes.config``; exec credential plugins are run by
 ``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through one aiohttp session.
-Responses are decoded once with orjson into plain dicts.
+Responses are decoded once with orjson into plain dicts. Every request says ``User-Agent: kube-syncer/<version>
+(<os>/<arch>)``, client-go's form: the apiserver names a write without ``fieldManager`` after the part before the
+first "/", so such writes are managed by "kube-syncer" (aiohttp's own agent would make them "Python").
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.metadata
+import platform
 import ssl
+import sys
 import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Mapping
@@ -27,6 +32,21 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REFRESH_EVERY = 5.0
 # Failures below HTTP: the server was not reached, or the connection broke.
 CONNECTION_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+_GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386", "ppc64le": "ppc64le",
+            "s390x": "s390x"}
+
+
+def default_user_agent() -> str:
+    """``kube-syncer/<version> (<os>/<arch>)``, with Go's names for the OS and architecture, as client-go's."""
+    try:
+        version = importlib.metadata.version("kube-syncer")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        version = "unknown"
+    machine = platform.machine().lower()
+    return f"kube-syncer/{version} ({sys.platform}/{_GO_ARCH.get(machine, machine)})"
+
+
+USER_AGENT = default_user_agent()
 
 
 class ApiClient:
@@ -38,7 +58,7 @@ class ApiClient:
     def __init__(self, configuration: kubernetes.client.Configuration, connect_timeout: float = 10.0,
                  exec_plugin: ExecPlugin | None = None, *, ca_data: str | None = None,
                  client_cert_data: str | None = None, client_key_data: str | None = None,
-                 tls_server_name: str | None = None) -> None:
+                 tls_server_name: str | None = None, user_agent: str = USER_AGENT) -> None:
         """``exec_plugin`` supplies the credential instead of ``configuration`` (see ``from_kubeconfig``).
 
         ``ca_data`` (PEM) is trusted in addition to ``configuration.ssl_ca_cert``; ``client_cert_data`` and
@@ -46,7 +66,7 @@ class ApiClient:
         and loaded like an exec plugin's certificate (``load_client_certificate``): the kubernetes package writes
         each ``*-data`` field of a kubeconfig to a temporary file kept until the process exits, which piles up when
         clusters come and go. ``tls_server_name`` is the name the server's certificate is checked against (and
-        sent as SNI) instead of the host of the URL.
+        sent as SNI) instead of the host of the URL. ``user_agent`` is sent with every request.
         """
         if (client_cert_data is None) != (client_key_data is None):
             raise ValueError("client_cert_data and client_key_data go together")
@@ -56,6 +76,7 @@ class ApiClient:
         self._ca_data = ca_data
         self._client_cert = f"{client_cert_data}\n{client_key_data}" if client_cert_data is not None else None
         self._tls_server_name = tls_server_name
+        self.user_agent = user_agent
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
         self._session_cert: str | None = None
@@ -115,7 +136,7 @@ class ApiClient:
             self._session = aiohttp.ClientSession(
                 connector=connector, json_serialize=lambda o: orjson.dumps(o).decode(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
-                auto_decompress=True,
+                auto_decompress=True, headers={"User-Agent": self.user_agent},
             )
         return self._session
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -133,6 +134,15 @@ async def test_configmap_verbs_and_typed_errors(api: ApiClient, namespace: str) 
     assert missing.value.status == 404 and isinstance(missing.value, ApiError)
     with pytest.raises(NotFound):
         await cms.delete("a", namespace)
+
+
+async def test_writes_without_a_field_manager_are_managed_by_kube_syncer(api: ApiClient, namespace: str) -> None:
+    # The apiserver names such a write after the User-Agent's product, which is ours, in client-go's form.
+    assert re.fullmatch(r"kube-syncer/[^ /]+ \([a-z0-9]+/[a-z0-9]+\)", api.user_agent), api.user_agent
+    created = await ResourceClient(api, CONFIGMAPS).create(configmap("no-manager", namespace, a="1"))
+    assert [m["manager"] for m in created["metadata"]["managedFields"]] == ["kube-syncer"]
+    named = await ResourceClient(api, CONFIGMAPS, field_manager="mine").create(configmap("manager", namespace, a="1"))
+    assert [m["manager"] for m in named["metadata"]["managedFields"]] == ["mine"]
 
 
 async def test_list_pages_through_and_types_items(api: ApiClient, namespace: str) -> None:
