@@ -1,5 +1,11 @@
 """Settings: a TOML file plus ``SYNCER_*`` environment variables, read by dynaconf and validated at load time.
 
+An environment value replaces the file's (lists and scalars; a table's keys are set one by one with
+``SYNCER_TABLE__KEY``), as dynaconf does by default and as ``kubectl`` or Helm's ``--set`` would; adding to a
+list is explicit: ``SYNCER_INCLUDE='@merge ["core/secrets"]'``. The variables Kubernetes injects for a Service
+whose name starts with ``syncer`` (``SYNCER_PORT=tcp://...``, ``SYNCER_SERVICE_HOST``, ...) are not settings:
+they are ignored, with a DEBUG line, unless one is a setting's own variable.
+
 Every setting is checked for type and range here, in one table, so that ``syncer check-config`` rejects exactly
 what ``syncer run`` would, before anything connects. A mistake is a ``SettingsError`` whose message names the
 setting, what a good value looks like, the bad value, and where to fix it.
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from dynaconf import Dynaconf
+from loguru import logger
 
 from controllers.cluster_registry import DEFAULT_LABEL_SELECTORS, DEFAULT_SECRET_TYPES
 from informers.discovering_factory import WatchMode
@@ -27,6 +34,10 @@ from informers.resource_filter import Rule
 from informers.selector import LabelSelector, SelectorError
 
 ENV_PREFIX = "SYNCER"
+# Docker-links style variables of a Service <NAME>: <NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT[_<PORT NAME>],
+# <NAME>_PORT, <NAME>_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR], with <NAME> upper-cased, "-" as "_".
+_SERVICE_LINK = re.compile(rf"{ENV_PREFIX}(?:_[A-Z0-9_]+)?_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT"
+                           r"(?:_\d+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?)")
 # The CLI's default for --settings; it names the file, it is not a setting.
 SETTINGS_ENV = f"{ENV_PREFIX}_SETTINGS"
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
@@ -528,10 +539,12 @@ def load_settings(path: str | None = None, overrides: Mapping[str, Any] | None =
     ``overrides`` are command-line values (``--kubeconfig``, ``--context``); they win over the file and the
     environment, and a mistake in one names the option.
     """
+    ignored = _service_links()
     origins = _Origins(path, {_setting_name(k[len(ENV_PREFIX) + 1:].replace("__", ".")): k
-                              for k in os.environ if k.startswith(ENV_PREFIX + "_") and k != SETTINGS_ENV},
+                              for k in os.environ
+                              if k.startswith(ENV_PREFIX + "_") and k != SETTINGS_ENV and k not in ignored},
                        frozenset(overrides or ()))
-    values = {**_read(path), **(overrides or {})}
+    values = {**_read(path, ignored), **(overrides or {})}
     _reject_unknown(values, origins)
     checked: dict[str, Any] = {}
     defaults = Settings()
@@ -618,14 +631,26 @@ class _Origins:
         return f"set it in the settings file or in {_env_var(name)}"
 
 
-def _read(path: str | None) -> dict[str, Any]:
-    """The merged raw settings of the file and the environment, by (dotted) setting name."""
+def _service_links() -> frozenset[str]:
+    """The ``SYNCER_*`` variables that Kubernetes set for a Service, not the user for a setting."""
+    own = {_env_var(name) for name in _CHECKS}
+    found = frozenset(k for k in os.environ if k not in own and _SERVICE_LINK.fullmatch(k))
+    for name in sorted(found):
+        logger.debug("ignoring environment variable {}: a Service's link variable, not a setting", name)
+    return found
+
+
+def _read(path: str | None, ignored: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The raw settings of the file with the environment's over them, by (dotted) setting name, without the
+    ``ignored`` variables."""
     file_keys = {_setting_name(k) for k in _flatten(_read_toml(path))} if path is not None else set()
     try:
         raw = Dynaconf(envvar_prefix=ENV_PREFIX, settings_files=[path] if path else [], environments=False,
-                       merge_enabled=True).as_dict()
+                       merge_enabled=False).as_dict()
     except Exception as e:  # dynaconf raises many types, e.g. for a bad '@cast' in an environment variable
         raise SettingsError(f"cannot read the settings: {type(e).__name__}: {e}") from None
+    for name in ignored:  # dynaconf read them as top-level keys
+        raw.pop(name[len(ENV_PREFIX) + 1:], None)
     values = {_setting_name(k): v for k, v in _flatten(raw).items()}
     if "settings" not in file_keys:
         values.pop("settings", None)  # dynaconf read SETTINGS_ENV as a setting too

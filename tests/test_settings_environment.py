@@ -1,0 +1,64 @@
+"""``SYNCER_*`` environment variables over the settings file: values replace (lists too), tables merge key by key,
+``@merge`` adds to a list, and the link variables Kubernetes injects for a Service named ``syncer...`` are not
+settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from loguru import logger
+
+from syncer.settings import SettingsError, load_settings
+
+SERVICE_LINKS = {
+    "SYNCER_PORT": "tcp://10.96.0.10:8080", "SYNCER_SERVICE_HOST": "10.96.0.10", "SYNCER_SERVICE_PORT": "8080",
+    "SYNCER_SERVICE_PORT_HTTP": "8080", "SYNCER_PORT_8080_TCP": "tcp://10.96.0.10:8080",
+    "SYNCER_PORT_8080_TCP_PROTO": "tcp", "SYNCER_PORT_8080_TCP_PORT": "8080", "SYNCER_PORT_8080_TCP_ADDR": "10.96.0.10",
+    "SYNCER_WEBHOOK_SERVICE_HOST": "10.96.0.11", "SYNCER_WEBHOOK_PORT": "tcp://10.96.0.11:443",
+    "SYNCER_WEBHOOK_PORT_443_TCP_PORT": "443",
+}
+
+
+@pytest.fixture
+def settings_file(tmp_path: Path) -> str:
+    path = tmp_path / "settings.toml"
+    path.write_text('include = ["core/configmaps", "core/namespaces"]\nworkers = 3\n'
+                    '[leader_election]\nenabled = true\nlease_name = "from-file"\n')
+    return str(path)
+
+
+def test_service_link_variables_are_not_settings(monkeypatch: pytest.MonkeyPatch, settings_file: str) -> None:
+    for name, value in SERVICE_LINKS.items():
+        monkeypatch.setenv(name, value)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="DEBUG")
+    try:
+        settings = load_settings(settings_file)
+    finally:
+        logger.remove(sink)
+    assert settings.include == ("core/configmaps", "core/namespaces") and settings.workers == 3
+    assert sorted(n for n in SERVICE_LINKS if any(f"variable {n}:" in line for line in lines)) == sorted(SERVICE_LINKS)
+    # a real setting's variable is still one, and a near miss is still a mistake
+    monkeypatch.setenv("SYNCER_WORKERS", "5")
+    assert load_settings(settings_file).workers == 5
+    monkeypatch.setenv("SYNCER_PORTS", "8080")
+    with pytest.raises(SettingsError, match="unknown setting 'ports' in environment variable SYNCER_PORTS"):
+        load_settings(settings_file)
+
+
+def test_an_environment_list_replaces_the_files_and_merge_is_explicit(monkeypatch: pytest.MonkeyPatch,
+                                                                      settings_file: str) -> None:
+    monkeypatch.setenv("SYNCER_INCLUDE", '["core/secrets"]')
+    assert load_settings(settings_file).include == ("core/secrets",)
+    monkeypatch.setenv("SYNCER_INCLUDE", "[]")
+    assert load_settings(settings_file).include == ()
+    monkeypatch.setenv("SYNCER_INCLUDE", '@merge ["core/secrets"]')
+    assert load_settings(settings_file).include == ("core/configmaps", "core/namespaces", "core/secrets")
+
+
+def test_a_table_key_from_the_environment_keeps_the_files_other_keys(monkeypatch: pytest.MonkeyPatch,
+                                                                     settings_file: str) -> None:
+    monkeypatch.setenv("SYNCER_LEADER_ELECTION__LEASE_NAME", "from-env")
+    election = load_settings(settings_file).leader_election
+    assert election.enabled is True and election.lease_name == "from-env"
