@@ -24,6 +24,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
+import os
 import sys
 import traceback
 from collections.abc import Collection, Iterable, Mapping
@@ -216,6 +218,29 @@ def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, 
     return hooks
 
 
+def _once_each(hooks: list[tuple[str, str, dict[str, Callable[..., Any]]]]
+               ) -> list[tuple[str, str, dict[str, Callable[..., Any]]]]:
+    """``hooks`` without a plugin listed again (the same spec twice, a file and its dotted path, an entry point of
+    a listed module): a plugin is the source file its hooks come from."""
+    seen: dict[frozenset[str], str] = {}
+    out = []
+    for origin, short, found in hooks:
+        files = frozenset(_source(hook) for hook in found.values())
+        if files in seen:
+            logger.debug("plugin {!r} is {!r} again: loaded once", origin, seen[files])
+            continue
+        seen[files] = origin
+        out.append((origin, short, found))
+    return out
+
+
+def _source(hook: Callable[..., Any]) -> str:
+    try:
+        return os.path.realpath(inspect.getfile(hook))
+    except TypeError:  # a callable object without a source file: only itself is itself
+        return f"<{id(hook)}>"
+
+
 def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, Any]] | None = None,
                  entry_points: bool | Collection[str] = True) -> Plugins:
     """Import every plugin and collect their controllers, webhooks, stores and runnables; PluginError on the first
@@ -238,7 +263,7 @@ def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, A
         if not found:
             raise PluginError(f"plugin {spec!r} has no function {HOOK}(settings) returning its controllers")
         hooks.append((spec, short, found))
-    hooks += _entry_point_hooks(entry_points)
+    hooks = _once_each(hooks + _entry_point_hooks(entry_points))
     names = sorted({short for _, short, _ in hooks})
     for table in sorted(set(settings) - set(names)):
         logger.warning("[plugin_settings.{}] matches no loaded plugin and is ignored; loaded plugins: {}",

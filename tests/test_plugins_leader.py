@@ -34,6 +34,16 @@ def test_entry_point_plugins_are_found_and_duplicates_rejected(tmp_path, monkeyp
     sys.modules.pop("fakeplug_mod", None)
 
 
+def test_a_plugin_listed_twice_is_loaded_once(monkeypatch) -> None:
+    # The same module by its dotted path twice, or by its path and by its file: one plugin, not a clash of
+    # its controller names with themselves; a different module defining the same name still clashes.
+    monkeypatch.syspath_prepend(".")
+    spec = "examples.plugins.configmap_mirror"
+    path = "examples/plugins/configmap_mirror.py"
+    for specs in ([spec, spec], [spec, path], [path, f"./{path}"]):
+        assert list(load_plugins(specs, entry_points=False)) == ["configmap-mirror"], specs
+
+
 async def test_losing_the_lease_ends_hold_without_exiting(control_plane) -> None:
     config = LeaderElection(enabled=True, lease_name="hold-test", lease_namespace="default", lease_duration=4,
                             renew_deadline=2, retry_period=0.3)
