@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
+
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_FORMS = ("resource.version[.group] (configmaps.v1, deployments.v1.apps) or [group/]version/resource "
+          "(apps/v1/deployments, v1/pods)")
 
 
 class GVR(NamedTuple):
     """A group/version/resource; the core group is ``""``.
 
     ``str(gvr)`` is kubectl's ``resource.version.group`` form (``widgets.v1.example.com``, ``configmaps.v1``),
-    which ``GVR.parse`` reads back; ``parse`` also accepts ``group/version/resource`` and ``version/resource``.
+    which ``GVR.parse`` reads back; ``parse`` also accepts ``group/version/resource`` and ``version/resource``,
+    and rejects what cannot name a collection (upper case, a Kind, a version with dots) instead of guessing.
     """
 
     group: str
@@ -18,19 +25,39 @@ class GVR(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> "GVR":
-        """Parse ``resource.version[.group]`` or ``[group/]version/resource``; ValueError names the text."""
+        """Parse ``resource.version[.group]`` or ``[group/]version/resource``; ValueError names the text, what
+        is wrong with it and the accepted forms."""
         if "/" in text:
             parts = text.split("/")
             if len(parts) == 2:
                 parts.insert(0, "")
-            if len(parts) != 3 or not all(parts[1:]):
-                raise ValueError(f"cannot parse GVR {text!r}: expected group/version/resource")
-            return cls(*parts)
-        resource, sep, rest = text.partition(".")
-        version, _, group = rest.partition(".")
-        if not resource or not sep or not version:
-            raise ValueError(f"cannot parse GVR {text!r}: expected resource.version[.group], e.g. configmaps.v1")
-        return cls(group, version, resource)
+            if len(parts) != 3:
+                raise ValueError(f"cannot parse GVR {text!r}: more than two '/'; expected {_FORMS}")
+            gvr = cls(*parts)
+        else:
+            resource, sep, rest = text.partition(".")
+            version, _, group = rest.partition(".")
+            if not sep:
+                raise ValueError(f"cannot parse GVR {text!r}: no version; expected {_FORMS}")
+            gvr = cls(group, version, resource)
+        gvr._check(text)
+        return gvr
+
+    def _check(self, text: str) -> None:
+        group, version, resource = self
+        problem = ""
+        if not _LABEL.fullmatch(resource):
+            problem = (f"resource {resource!r} is not a lower-case resource name (the plural, e.g. 'deployments', "
+                       "not the Kind)" if resource else "no resource")
+        elif not _LABEL.fullmatch(version):
+            problem = f"version {version!r} is not a version such as 'v1'" if version else "no version"
+            res_group, dot, bad_group = version.partition(".")
+            if "/" in text and dot and not group and _LABEL.fullmatch(res_group) and _LABEL.fullmatch(resource):
+                problem += f" (did you mean '{res_group}.{resource}.{bad_group}'?)"
+        elif group and not _SUBDOMAIN.fullmatch(group):
+            problem = f"group {group!r} is not a lower-case DNS name"
+        if problem:
+            raise ValueError(f"cannot parse GVR {text!r}: {problem}; expected {_FORMS}")
 
     def __str__(self) -> str:
         return f"{self.resource}.{self.version}.{self.group}" if self.group else f"{self.resource}.{self.version}"

@@ -23,9 +23,23 @@ def test_gvr_parse_and_format(text, gvr):
     assert GVR.parse(str(gvr)) == gvr
 
 
-@pytest.mark.parametrize("bad", ["", "configmaps", "a/b/c/d", "/v1/"])
+@pytest.mark.parametrize("bad", ["", "configmaps", "a/b/c/d", "/v1/", "v1/", "apps//deployments"])
 def test_gvr_parse_errors_name_the_text(bad):
-    with pytest.raises(ValueError, match="cannot parse GVR"):
+    with pytest.raises(ValueError, match=rf"cannot parse GVR {bad!r}: .*; expected resource.version\[.group\]"):
+        GVR.parse(bad)
+
+
+@pytest.mark.parametrize("bad,why", [
+    ("deployments.apps/v1", r"version 'deployments.apps' is not a version such as 'v1' \(did you mean "
+                            r"'deployments.v1.apps'\?\)"),
+    ("Deployment.v1.apps", r"resource 'Deployment' is not a lower-case resource name \(the plural"),
+    ("apps/v1/Deployment", r"resource 'Deployment' is not a lower-case"),
+    ("deployments.V1.apps", r"version 'V1' is not a version"),
+    ("deployments.v1.Apps", r"group 'Apps' is not a lower-case DNS name"),
+    ("apps_x/v1/deployments", r"group 'apps_x'"),
+])
+def test_gvr_parse_rejects_what_cannot_be_a_gvr(bad, why):
+    with pytest.raises(ValueError, match=why):
         GVR.parse(bad)
 
 
