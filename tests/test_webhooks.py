@@ -426,3 +426,51 @@ def readyz(port: int) -> int:
         return int(e.code)
     except OSError:
         return 0
+
+
+@pytest.mark.parametrize("election", [False, True], ids=["election-off", "election-on"])
+def test_a_fatal_exit_deletes_the_configurations_first(cp: ControlPlane, tmp_path: Path, election: bool) -> None:
+    """SIGTERM with a runnable that ignores its cancellation ends in exit code 1; the `failurePolicy: Fail`
+    configuration must not outlive the server it points at, and the error line says what is true in this mode."""
+    port, webhook_port, name = free_port(), free_port(), f"fatal-exit-{'on' if election else 'off'}"
+    settings = tmp_path / "s.toml"
+    settings.write_text(f'kubeconfig = "{cp.kubeconfig}"\nplugins = ["{ROOT / "tests/plugins/stuck_runnable_webhook.py"}"]\n'
+                        f'include = ["core/configmaps"]\nhttp_bind = "127.0.0.1:{port}"\nshutdown_timeout = 4\n'
+                        f'[webhooks]\nbind = "127.0.0.1:{webhook_port}"\nconfiguration_name = "{name}"\n'
+                        f'[leader_election]\nenabled = {str(election).lower()}\nlease_name = "{name}"\n')
+    log = tmp_path / "sidecar.log"
+    proc = subprocess.Popen([sys.executable, "-m", "syncer", "run", "--settings", str(settings)], cwd=ROOT,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    admission = kubernetes.client.AdmissionregistrationV1Api(kube_client(cp))
+    core = kubernetes.client.CoreV1Api(kube_client(cp))
+    matching = kubernetes.client.V1ConfigMap(metadata=kubernetes.client.V1ObjectMeta(
+        generate_name="fatal-", labels={"test": "fatal-exit"}))
+    try:
+        deadline = time.monotonic() + 60
+        while not (readyz(port) == 200 and [r["state"] for r in status_of(port)["runnables"]] == ["running"]):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert name in [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 1, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = log.read_text()
+    # What the issue saw: every matching create failed with "failed calling webhook ... dial tcp".
+    core.create_namespaced_config_map("default", matching, dry_run="All")
+    assert name not in [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
+    assert name not in [c.metadata.name for c in admission.list_mutating_webhook_configuration().items]
+    assert "deleted ValidatingWebhookConfiguration " + name in output, output[-3000:]
+    [error] = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert "runnable stubborn did not stop within 2s" in error, output[-3000:]
+    if election:
+        assert "the lease default/" + name + " is not released" in error, error
+    else:
+        assert "lease" not in error.replace("no lease is held", "") and "leadership term" not in error, error
+        assert "leader election is off: no lease is held" in error, error
+
+
+def status_of(port: int) -> dict[str, Any]:
+    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5).read())

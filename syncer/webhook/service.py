@@ -67,6 +67,7 @@ class WebhookService:
         self.last_error = ""
         self._changed = asyncio.Event()
         self._tasks: list[str] = []
+        self._withdrawn = False
 
     @property
     def ready(self) -> bool:
@@ -92,20 +93,29 @@ class WebhookService:
         self._spawn("webhook upkeep", self._upkeep)
 
     async def stop(self) -> None:
-        """Stop the upkeep, delete the configurations this process wrote, and stop serving once the requests in
-        flight are answered."""
-        for name in self._tasks:
-            await self.supervisor.cancel(name)
-        self._tasks.clear()
-        if self.configurations is not None:
-            try:
-                async with asyncio.timeout(_REMOVE_WITHIN):
-                    for what in await self.configurations.remove():
-                        _log.info("deleted {}", what)
-            except _UPKEEP_ERRORS as e:  # TimeoutError included: an unreachable API server must not hold the stop
-                _log.warning("could not delete the webhook configurations: {}", _describe(e))
+        """Withdraw (see ``withdraw``), then stop serving once the requests in flight are answered."""
+        await self.withdraw()
         await self.server.stop()
         self.certificates.close()
+
+    async def withdraw(self) -> None:
+        """Stop the upkeep and delete the configurations this process wrote, within a few seconds, while the server
+        still answers; again, once done, it does nothing. Every exit of the process that still runs Python calls
+        it: a configuration with ``failurePolicy: Fail`` left pointing at a server that is gone makes the API
+        server reject every request it matches."""
+        if self._withdrawn:
+            return
+        try:
+            async with asyncio.timeout(_REMOVE_WITHIN):
+                for name in self._tasks:
+                    await self.supervisor.cancel(name)
+                self._tasks.clear()
+                if self.configurations is not None:
+                    for what in await self.configurations.remove():
+                        _log.info("deleted {}", what)
+        except _UPKEEP_ERRORS as e:  # TimeoutError included: an unreachable API server must not hold the exit
+            _log.warning("could not delete the webhook configurations: {}", _describe(e))
+        self._withdrawn = True
 
     def health(self) -> list[dict[str, Any]]:
         """One ``{name, healthy, message}``: unhealthy while the upkeep fails (self-dial, configurations, probe)."""
@@ -113,7 +123,8 @@ class WebhookService:
         return [{"name": "webhook server", "healthy": not self.last_error, "message": message}]
 
     def status(self) -> dict[str, Any]:
-        """Readiness, certificate, configurations and the webhooks served."""
+        """Readiness, certificate, configurations and the webhooks served, each with its requests, denials, errors
+        and latency."""
         return {
             "ready": self.ready, "self_dial": self.dialed, "called_by_api_server": self.called,
             "bind": self.settings.bind, "last_error": self.last_error,
