@@ -32,9 +32,10 @@ from syncer.testing.pytest_plugin import kube_client
 from syncer.webhook import AdmissionRequest, AdmissionRule, Allow, Deny, ValidatingWebhook, Verdict
 from syncer.webhook import service as service_module
 from syncer.webhook.configuration import MANAGED_BY, MANAGED_BY_LABEL, PROBE_NAME
+from syncer.webhook.server import WebhookServer
 from syncer.webhook.service import WebhookService
 
-from .test_webhooks_support import CA, der_of, free_port, pem
+from .test_webhooks_support import CA, der_of, free_port, mount_secret, pem
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_CRD = json.loads((ROOT / "examples" / "crds" / "widget.json").read_text())
@@ -265,6 +266,85 @@ async def test_rotating_file_certificates_while_the_api_server_calls(services, c
     writer.close()
     await writer.wait_closed()
     assert service.certificates.status()["reloads"] == 1
+
+
+@pytest.fixture
+def no_keep_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every answer of the webhook server closes its connection: each call of the API server is a new TLS
+    handshake, which kept-alive connections would otherwise spare it."""
+    route = WebhookServer._route
+
+    def closing(self: WebhookServer, webhook: Any) -> Callable[[Any], Awaitable[Any]]:
+        handle = route(self, webhook)
+
+        async def close_after(request: Any) -> Any:
+            response = await handle(request)
+            response.force_close()
+            return response
+        return close_after
+
+    monkeypatch.setattr(WebhookServer, "_route", closing)
+
+
+async def test_a_new_ca_is_trusted_before_its_certificate_is_served(services, client: ApiClient, tmp_path: Path,
+                                                                    no_keep_alive: None) -> None:
+    old_ca, new_ca = CA.new("old-ca"), CA.new("new-ca")
+    secret = tmp_path / "secret"
+    mount_secret(secret, old_ca)
+    calls = 0
+
+    async def count(request: AdmissionRequest) -> Verdict:
+        nonlocal calls
+        calls += 1
+        return Allow()
+
+    service = await services([ValidatingWebhook("ca.configmaps.example.com", count,
+                                                [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])],
+                                                object_selector={"matchLabels": {"test": "ca-rotation"}})],
+                             cert_dir=str(secret), configuration_name="ca-rotation")
+    configmaps = ResourceClient(client, CONFIGMAPS, namespaced=True)
+    validating = ResourceClient(client, VALIDATING, namespaced=False)
+    failures: list[str] = []
+    done = 0
+    stop = asyncio.Event()
+
+    async def traffic() -> None:
+        nonlocal done
+        while not stop.is_set():
+            try:
+                await configmaps.create(configmap(f"c{done}", {"test": "ca-rotation"}), dry_run=True)
+                done += 1
+            except ApiError as e:
+                failures.append(str(e))
+
+    async def bundle() -> bytes:
+        entries = (await validating.get("ca-rotation"))["webhooks"]
+        [ours] = [e for e in entries if e["name"] == "ca.configmaps.example.com"]
+        return base64.b64decode(ours["clientConfig"]["caBundle"])
+
+    flows = [asyncio.create_task(traffic()) for _ in range(3)]
+    try:
+        await until(lambda: done >= 10 or bool(failures), "traffic before the rotation", service)
+        new_cert = mount_secret(secret, new_ca)
+        await until(lambda: service.certificates.leaf_der == der_of(new_cert), "the new certificate served", service,
+                    timeout=60)
+        assert failures == []
+        deadline = time.monotonic() + 30
+        while await bundle() != pem(new_ca.cert):  # then the old CA leaves the caBundle
+            assert time.monotonic() < deadline, service.status()
+            await asyncio.sleep(0.1)
+        after = done
+        await until(lambda: done >= after + 10 or bool(failures), "traffic after the rotation", service)
+    finally:
+        stop.set()
+        await asyncio.gather(*flows)
+    assert failures == [], f"{len(failures)} of {done + len(failures)} requests failed; first: {failures[0]}"
+    assert calls >= done
+    _, writer = await asyncio.open_connection("127.0.0.1", service.server.port,
+                                              ssl=ssl.create_default_context(cadata=pem(new_ca.cert).decode()))
+    assert writer.get_extra_info("ssl_object").getpeercert(binary_form=True) == der_of(new_cert)
+    writer.close()
+    await writer.wait_closed()
 
 
 # -- managed configurations --------------------------------------------------------------------------------------

@@ -55,11 +55,13 @@ class WebhookService:
         self.settings = settings
         self.supervisor = supervisor
         host, _, port = settings.bind.rpartition(":")
-        self.certificates = ServingCertificates(settings.cert_dir, settings.hosts, settings.client_ca_file)
         self.configurations = (ManagedConfigurations(client, settings.configuration_name, identity,
                                                      settings.url or _url(host, int(port)), webhooks,
                                                      settings.probe_namespace)
                                if _manages(settings.manage_configurations, client.host) else None)
+        # A new CA goes into the configurations' caBundle before its certificate is served (see certificates.py).
+        self.certificates = ServingCertificates(settings.cert_dir, settings.hosts, settings.client_ca_file,
+                                                stage_ca_changes=self.configurations is not None)
         served = self.configurations.webhooks if self.configurations else list(webhooks)
         self.server = WebhookServer(host, int(port), served, self.certificates, client)
         self.dialed = False
@@ -181,13 +183,19 @@ class WebhookService:
             _log.info("webhook server answers TLS with its certificate")
         if self.configurations is None:
             return
-        bundle = self.certificates.ca_bundle
+        pending = self.certificates.pending
+        bundle = self.certificates.trusted_bundle
         if bundle is None:  # ca.crt removed since the start: keep the configurations as they are
             raise CertificateError(f"setting 'webhooks.cert_dir': {self.settings.cert_dir} no longer has ca.crt")
         for what in await self.configurations.apply(bundle):
             _log.info("webhooks: {}", what)
         if not self.configurations.called:
             await self._probe()
+        # The API server calls us with the configurations just written, so it trusts the new CA too: serve its
+        # certificate, and go round again to drop the old CA from the caBundle.
+        if self.certificates.promote(pending):
+            _log.info("webhooks: serving the certificate of the new CA; removing the old CA from the caBundle")
+            self._changed.set()
 
     async def _probe(self) -> None:
         assert self.configurations is not None
