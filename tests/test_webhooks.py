@@ -169,6 +169,30 @@ async def test_a_raising_handler_is_a_denial_with_a_clear_message(services, clie
         "handler: RuntimeError: the policy store is unreachable (request uid ")
 
 
+async def test_status_counts_each_webhooks_requests_denials_errors_and_latency(services, client: ApiClient) -> None:
+    async def judge(request: AdmissionRequest) -> Verdict:
+        verdict = (request.object or {})["metadata"]["labels"]["verdict"]
+        if verdict == "raise":
+            raise RuntimeError("the policy store is unreachable")
+        return Deny("not this one") if verdict == "deny" else Allow()
+
+    judged = ValidatingWebhook("judge.configmaps.example.com", judge,
+                               [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])],
+                               object_selector={"matchLabels": {"test": "judge"}})
+    service = await services([judged], configuration_name="judge")
+    configmaps = ResourceClient(client, CONFIGMAPS, namespaced=True)
+    for verdict, times in (("allow", 3), ("deny", 2), ("raise", 1)):
+        for i in range(times):
+            try:
+                await configmaps.create(configmap(f"{verdict}-{i}", {"test": "judge", "verdict": verdict}), dry_run=True)
+            except ApiError as e:
+                assert verdict != "allow", e
+    [row] = [w for w in service.status()["webhooks"] if w["name"] == judged.name]
+    assert {k: row[k] for k in ("requests", "allowed", "denied", "errors")} == {
+        "requests": 6, "allowed": 3, "denied": 2, "errors": 1}, row
+    assert 0 < row["latency_seconds"]["mean"] <= row["latency_seconds"]["max"] < 10, row
+
+
 async def test_a_hanging_handler_gets_the_failure_policy(services, client: ApiClient) -> None:
     async def hang(request: AdmissionRequest) -> Verdict:
         await asyncio.sleep(3600)
@@ -487,6 +511,11 @@ def test_syncer_run_serves_the_example_plugin(cp: ControlPlane, tmp_path: Path) 
         created = custom.create_namespaced_custom_object(WIDGETS.group, "v1", "default", "widgets", widget("w"),
                                                          dry_run="All")
         assert created["spec"] == {"size": 1}
+        rows = {w["name"]: w for w in status_of(port)["webhooks"]["webhooks"]}
+        validate = rows["validate.widgets.examples.kube-syncer.io"]
+        assert (validate["requests"], validate["allowed"], validate["denied"], validate["errors"]) == (2, 1, 1, 0)
+        assert rows["default.widgets.examples.kube-syncer.io"]["allowed"] == 2
+        assert validate["latency_seconds"]["max"] >= validate["latency_seconds"]["mean"] > 0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
     finally:

@@ -134,7 +134,8 @@ class WebhookService:
             "configurations": (f"managed: {self.configurations.name}" if self.configurations else "not managed"),
             "webhooks": [{"name": w.name, "kind": w.kind, "path": w.path, "failure_policy": w.failure_policy,
                           "timeout_seconds": w.timeout_seconds,
-                          **({"url": self.configurations.url(w)} if self.configurations else {})}
+                          **({"url": self.configurations.url(w)} if self.configurations else {}),
+                          **self.server.stats[w.path].as_dict()}
                          for w in self.server.webhooks],
         }
 
