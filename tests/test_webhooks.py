@@ -516,6 +516,10 @@ def test_syncer_run_serves_the_example_plugin(cp: ControlPlane, tmp_path: Path) 
         assert (validate["requests"], validate["allowed"], validate["denied"], validate["errors"]) == (2, 1, 1, 0)
         assert rows["default.widgets.examples.kube-syncer.io"]["allowed"] == 2
         assert validate["latency_seconds"]["max"] >= validate["latency_seconds"]["mean"] > 0
+        shown = subprocess.run([sys.executable, "-m", "syncer", "status", "--url",
+                                f"http://127.0.0.1:{port}/status"], cwd=ROOT, capture_output=True, text=True)
+        [row] = [ln.split() for ln in shown.stdout.splitlines() if ln.startswith("validate.widgets")]
+        assert row[:6] == ["validate.widgets.examples.kube-syncer.io", "validating", "2", "1", "1", "0"], shown.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
     finally:
