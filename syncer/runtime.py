@@ -10,7 +10,9 @@ work item and write through a client that refuses writes once it is closed. When
 are stopped, and the replica rejoins the election only once every one of them has stopped. A controller still
 running ``stop_timeout`` later (it swallowed the cancellation) makes the process exit with code 1 and a line
 naming it, without releasing the lease, as controller-runtime does after ``gracefulShutdownTimeout``: a restart
-is the only way to be sure nothing of the old term acts next to the new leader. Background tasks run under a
+is the only way to be sure nothing of the old term acts next to the new leader. (With election off there is no
+lease; the line says so.) Whatever ends ``run()``, that exit included, the webhook configurations this process
+wrote are deleted first (within 5 s): they point at a server that dies with the process. Background tasks run under a
 Supervisor; ``/healthz`` fails naming any that died or is wedged.
 
 A leadership term runs in seed 001's order: the plugins' stores recover (each retried with backoff until it

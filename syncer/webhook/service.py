@@ -8,9 +8,14 @@ some time after they are written. Without managed configurations the sidecar can
 (and a Service in front of the pods routes only to ready ones), so the self-dial alone decides.
 
 The service runs on every replica, leader or not: the API server calls whichever replica it reaches. Two
-supervised tasks belong to it, cancelled and awaited by ``stop()``: the certificate poll (``cert_dir`` only) and
+supervised tasks belong to it, cancelled and awaited by ``withdraw()``: the certificate poll (``cert_dir`` only) and
 the upkeep, which dials, writes the configurations, probes until called, and then checks again every 30 s or when
-the certificate changed, rewriting the configurations if someone removed or edited them.
+the certificate changed, rewriting the configurations if someone removed or edited them. The upkeep also carries
+out a CA change in three steps (both CAs in the ``caBundle``, the new certificate served once the probes prove the
+API server uses that bundle, the old CA dropped; see ``certificates.py``).
+
+``withdraw()`` deletes what this process wrote while the server still answers; the sidecar calls it on every exit
+it lives through, including the exit with code 1 that skips the graceful shutdown (``runtime.py``).
 """
 
 from __future__ import annotations
