@@ -361,6 +361,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                      t["last_error"]) for t in doc.get("tasks", []) if t["last_error"] or not t["healthy"]]
         fleet = _fleet_tables(doc["clusters"]) if doc.get("clusters") is not None else []
         fleet += _shard_tables(doc["sharding"]) if doc.get("sharding") is not None else []
+        fleet += [_webhook_table(doc["webhooks"])] if doc.get("webhooks") else []
     except (urllib.error.URLError, OSError) as e:
         print(f"error: no syncer answering at {url}: {e}", file=sys.stderr)
         return 1
@@ -412,6 +413,16 @@ def _shard_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
     if doc.get("stuck"):
         tables.append([("STUCK CONTROLLER (lease kept)",)] + [(n,) for n in doc["stuck"]])
     return tables
+
+
+def _webhook_table(doc: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The webhook part of ``syncer status``: each webhook's requests, how they were answered, and latency."""
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
+
+    return [("WEBHOOK", "KIND", "REQUESTS", "ALLOWED", "DENIED", "ERRORS", "MEAN", "MAX")] + [
+        (w["name"], w["kind"], str(w["requests"]), str(w["allowed"]), str(w["denied"]), str(w["errors"]),
+         ms(w["latency_seconds"]["mean"]), ms(w["latency_seconds"]["max"])) for w in doc["webhooks"]]
 
 
 def _problem(cluster: dict[str, Any]) -> str:

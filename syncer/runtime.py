@@ -10,7 +10,9 @@ work item and write through a client that refuses writes once it is closed. When
 are stopped, and the replica rejoins the election only once every one of them has stopped. A controller still
 running ``stop_timeout`` later (it swallowed the cancellation) makes the process exit with code 1 and a line
 naming it, without releasing the lease, as controller-runtime does after ``gracefulShutdownTimeout``: a restart
-is the only way to be sure nothing of the old term acts next to the new leader. Background tasks run under a
+is the only way to be sure nothing of the old term acts next to the new leader. (With election off there is no
+lease; the line says so.) Whatever ends ``run()``, that exit included, the webhook configurations this process
+wrote are deleted first (within 5 s): they point at a server that dies with the process. Background tasks run under a
 Supervisor; ``/healthz`` fails naming any that died or is wedged.
 
 A leadership term runs in seed 001's order: the plugins' stores recover (each retried with backoff until it
@@ -221,19 +223,25 @@ class Syncer:
                 if self.ready:
                     await self._lead_while(stop)
         finally:
-            # With controllers of an ended term still running, every second counts: no graceful shutdown (it
-            # could take shutdown_timeout while they act next to the new leader); the caller exits at once.
-            if not self._stuck:
-                try:
-                    async with asyncio.timeout(self.settings.shutdown_timeout):
-                        await self._shutdown()
-                        await self.supervisor.stop()
-                except TimeoutError:
-                    self._log.error("shutdown did not finish within {:g}s", self.settings.shutdown_timeout)
-                await self.http.stop()
+            try:
+                # With controllers of an ended term still running, every second counts: no graceful shutdown (it
+                # could take shutdown_timeout while they act next to the new leader); the caller exits at once.
+                if not self._stuck:
+                    try:
+                        async with asyncio.timeout(self.settings.shutdown_timeout):
+                            await self._shutdown()
+                            await self.supervisor.stop()
+                    except TimeoutError:
+                        self._log.error("shutdown did not finish within {:g}s", self.settings.shutdown_timeout)
+                    await self.http.stop()
+            finally:
+                # Whatever ended the run (a stuck exit, a shutdown cut short, an error), the webhook configurations
+                # this process wrote go first: the server they point at dies with the process.
+                if self.webhooks is not None:
+                    await self.webhooks.withdraw()
         if self._stuck:
-            raise ControllersStuck(f"controller(s) {', '.join(self._stuck)} did not stop within "
-                                   f"{self._stop_timeout():g}s at shutdown; the lease was not released")
+            raise ControllersStuck(f"{', '.join(self._stuck)} did not stop within {self._stop_timeout():g}s at "
+                                   f"shutdown; exiting without waiting for them ({self._kept_at_exit()})")
 
     async def _start_webhooks(self) -> None:
         assert self.webhooks is not None
@@ -310,11 +318,28 @@ class Syncer:
                 stuck = await self._end_term()
                 if stuck:
                     self._stuck = stuck
-                    message = (f"controller(s) {', '.join(stuck)} did not stop within {self._stop_timeout():g}s of "
-                               "the end of the leadership term; exiting so that no two leaders act (the lease is "
-                               "not released)")
+                    if self.elector is not None:
+                        message = (f"{', '.join(stuck)} did not stop within {self._stop_timeout():g}s of the end of "
+                                   f"the leadership term; exiting so that no two leaders act ({self._kept_at_exit()})")
+                    else:
+                        message = (f"{', '.join(stuck)} did not stop within {self._stop_timeout():g}s of being "
+                                   f"stopped; exiting without waiting for them ({self._kept_at_exit()})")
                     self._log.error(message)
                     raise ControllersStuck(message)
+
+    def _kept_at_exit(self) -> str:
+        """What an exit with stuck work leaves behind on purpose, and what it cleans up, for its error line."""
+        kept = []
+        if self.elector is not None:
+            le = self.settings.leader_election
+            kept.append(f"the lease {le.lease_namespace}/{le.lease_name} is not released")
+        if any(name.startswith("unit ") for name in self._stuck):
+            kept.append("the Leases of the stuck shard units are not released")
+        if not kept:
+            kept.append("leader election is off: no lease is held")
+        if self.webhooks is not None and self.webhooks.configurations is not None:
+            kept.append("the webhook configurations it wrote are deleted first")
+        return "; ".join(kept)
 
     async def _lead(self, fence: Fence) -> None:
         """One term's work (seed 001's order): recover the stores, start the runnables, then the controllers;
@@ -417,7 +442,7 @@ class Syncer:
             registry, self.registry = self.registry, None
             await registry.stop()
             if self.cluster_controllers is not None:
-                self._stuck += await self.cluster_controllers.stop()
+                self._stuck += [f"controller {n}" for n in await self.cluster_controllers.stop()]
                 self.cluster_controllers = None
 
     def _registry_options(self) -> RegistryOptions:
@@ -446,7 +471,7 @@ class Syncer:
             controllers = group.create_task(manager.stop()) if manager is not None else None
             fleet = group.create_task(self._end_fleet())
             runnables = group.create_task(self.runnables.stop(self._stop_timeout()))
-        return ((controllers.result() if controllers else []) + fleet.result() +
+        return ([f"controller {n}" for n in (controllers.result() if controllers else [])] + fleet.result() +
                 [f"runnable {n}" for n in runnables.result()])
 
     async def _end_fleet(self) -> list[str]:
@@ -464,11 +489,11 @@ class Syncer:
                 [f"fleet component {c.name}" for c in self.components]
             ended, stuck = await asyncio.gather(
                 asyncio.gather(*(self.supervisor.cancel(task, timeout) for task in tasks)), per_cluster.stop())
-            stuck = [task for task, done in zip(tasks, ended) if not done] + stuck
+            stuck = [task for task, done in zip(tasks, ended) if not done] + [f"controller {n}" for n in stuck]
         if registry is not None and not stuck:
             await registry.stop()
             if per_cluster is not None:  # what the members' cleanups stopped meanwhile, and did not stop
-                stuck = await per_cluster.stop()
+                stuck = [f"controller {n}" for n in await per_cluster.stop()]
         return stuck
 
     async def _shutdown(self) -> None:

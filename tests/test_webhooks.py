@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import ssl
@@ -17,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
@@ -32,9 +34,10 @@ from syncer.testing.pytest_plugin import kube_client
 from syncer.webhook import AdmissionRequest, AdmissionRule, Allow, Deny, ValidatingWebhook, Verdict
 from syncer.webhook import service as service_module
 from syncer.webhook.configuration import MANAGED_BY, MANAGED_BY_LABEL, PROBE_NAME
+from syncer.webhook.server import WebhookServer
 from syncer.webhook.service import WebhookService
 
-from .test_webhooks_support import CA, der_of, free_port, pem
+from .test_webhooks_support import CA, der_of, free_port, mount_secret, pem
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_CRD = json.loads((ROOT / "examples" / "crds" / "widget.json").read_text())
@@ -109,6 +112,50 @@ def configmap(name: str, labels: dict[str, str], namespace: str = "default") -> 
                                                                   "labels": labels}}
 
 
+class Counted:
+    """A validating webhook on ConfigMaps labelled ``test=<label>`` that allows all and counts its calls."""
+
+    def __init__(self, label: str) -> None:
+        self.calls = 0
+        self.webhook = ValidatingWebhook(f"{label}.configmaps.example.com", self._count,
+                                         [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])],
+                                         object_selector={"matchLabels": {"test": label}})
+
+    async def _count(self, request: AdmissionRequest) -> Verdict:
+        self.calls += 1
+        return Allow()
+
+
+@dataclass
+class Traffic:
+    """What the dry runs of ``dry_run_traffic`` came to so far."""
+
+    done: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def dry_run_traffic(client: ApiClient, label: str, flows: int = 3) -> AsyncIterator[Traffic]:
+    """``flows`` loops of server-side dry-run creates of ConfigMaps labelled ``test=<label>``, until the block ends."""
+    configmaps = ResourceClient(client, CONFIGMAPS, namespaced=True)
+    traffic, stop = Traffic(), asyncio.Event()
+
+    async def flow() -> None:
+        while not stop.is_set():
+            try:
+                await configmaps.create(configmap(f"c{traffic.done}", {"test": label}), dry_run=True)
+                traffic.done += 1
+            except ApiError as e:
+                traffic.failures.append(str(e))
+
+    tasks = [asyncio.create_task(flow()) for _ in range(flows)]
+    try:
+        yield traffic
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
 def requests_served(path: str) -> float:
     """How many requests the webhook server answered at ``path`` (all codes), from its metrics."""
     return sum(sample.value for metric in REGISTRY.collect() if metric.name == "controller_runtime_webhook_requests"
@@ -168,6 +215,31 @@ async def test_a_raising_handler_is_a_denial_with_a_clear_message(services, clie
         "handler: RuntimeError: the policy store is unreachable (request uid ")
 
 
+async def test_status_counts_each_webhooks_requests_denials_errors_and_latency(services, client: ApiClient) -> None:
+    async def judge(request: AdmissionRequest) -> Verdict:
+        verdict = (request.object or {})["metadata"]["labels"]["verdict"]
+        if verdict == "raise":
+            raise RuntimeError("the policy store is unreachable")
+        return Deny("not this one") if verdict == "deny" else Allow()
+
+    judged = ValidatingWebhook("judge.configmaps.example.com", judge,
+                               [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])],
+                               object_selector={"matchLabels": {"test": "judge"}})
+    service = await services([judged], configuration_name="judge")
+    configmaps = ResourceClient(client, CONFIGMAPS, namespaced=True)
+    for verdict, times in (("allow", 3), ("deny", 2), ("raise", 1)):
+        for i in range(times):
+            try:
+                await configmaps.create(configmap(f"{verdict}-{i}", {"test": "judge", "verdict": verdict}),
+                                        dry_run=True)
+            except ApiError as e:
+                assert verdict != "allow", e
+    [row] = [w for w in service.status()["webhooks"] if w["name"] == judged.name]
+    assert {k: row[k] for k in ("requests", "allowed", "denied", "errors")} == {
+        "requests": 6, "allowed": 3, "denied": 2, "errors": 1}, row
+    assert 0 < row["latency_seconds"]["mean"] <= row["latency_seconds"]["max"] < 10, row
+
+
 async def test_a_hanging_handler_gets_the_failure_policy(services, client: ApiClient) -> None:
     async def hang(request: AdmissionRequest) -> Verdict:
         await asyncio.sleep(3600)
@@ -220,34 +292,10 @@ async def test_rotating_file_certificates_while_the_api_server_calls(services, c
     ca = CA.new()
     secret = tmp_path / "secret"
     first = ca.write_secret(secret, "first")
-    calls = 0
-
-    async def count(request: AdmissionRequest) -> Verdict:
-        nonlocal calls
-        calls += 1
-        return Allow()
-
-    service = await services([ValidatingWebhook("count.configmaps.example.com", count,
-                                                [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])],
-                                                object_selector={"matchLabels": {"test": "rotation"}})],
-                             cert_dir=str(secret), configuration_name="rotation")
+    counted = Counted("rotation")
+    service = await services([counted.webhook], cert_dir=str(secret), configuration_name="rotation")
     assert service.certificates.leaf_der == der_of(first)
-    configmaps = ResourceClient(client, CONFIGMAPS, namespaced=True)
-    failures: list[str] = []
-    done = 0
-    stop = asyncio.Event()
-
-    async def traffic() -> None:
-        nonlocal done
-        while not stop.is_set():
-            try:
-                await configmaps.create(configmap(f"c{done}", {"test": "rotation"}), dry_run=True)
-                done += 1
-            except ApiError as e:
-                failures.append(str(e))
-
-    flows = [asyncio.create_task(traffic()) for _ in range(3)]
-    try:
+    async with dry_run_traffic(client, "rotation") as traffic:
         await asyncio.sleep(0.5)
         second_cert, second_key = ca.issue("second")
         (secret / "tls.crt").write_bytes(second_cert)
@@ -255,16 +303,65 @@ async def test_rotating_file_certificates_while_the_api_server_calls(services, c
         (secret / "tls.key").write_bytes(second_key)
         await until(lambda: service.certificates.leaf_der == der_of(second_cert), "the reload", service)
         await asyncio.sleep(0.5)
-    finally:
-        stop.set()
-        await asyncio.gather(*flows)
-    assert failures == [] and done > 10 and calls >= done
+    assert traffic.failures == [] and traffic.done > 10 and counted.calls >= traffic.done
     _, writer = await asyncio.open_connection("127.0.0.1", service.server.port,
                                               ssl=ssl.create_default_context(cadata=pem(ca.cert).decode()))
     assert writer.get_extra_info("ssl_object").getpeercert(binary_form=True) == der_of(second_cert)
     writer.close()
     await writer.wait_closed()
     assert service.certificates.status()["reloads"] == 1
+
+
+@pytest.fixture
+def no_keep_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every answer of the webhook server closes its connection: each call of the API server is a new TLS
+    handshake, which kept-alive connections would otherwise spare it."""
+    route = WebhookServer._route
+
+    def closing(self: WebhookServer, webhook: Any) -> Callable[[Any], Awaitable[Any]]:
+        handle = route(self, webhook)
+
+        async def close_after(request: Any) -> Any:
+            response = await handle(request)
+            response.force_close()
+            return response
+        return close_after
+
+    monkeypatch.setattr(WebhookServer, "_route", closing)
+
+
+async def test_a_new_ca_is_trusted_before_its_certificate_is_served(services, client: ApiClient, tmp_path: Path,
+                                                                    no_keep_alive: None) -> None:
+    old_ca, new_ca = CA.new("old-ca"), CA.new("new-ca")
+    secret = tmp_path / "secret"
+    mount_secret(secret, old_ca)
+    counted = Counted("ca-rotation")
+    service = await services([counted.webhook], cert_dir=str(secret), configuration_name="ca-rotation")
+    validating = ResourceClient(client, VALIDATING, namespaced=False)
+
+    async def bundle() -> bytes:
+        [ours] = [e for e in (await validating.get("ca-rotation"))["webhooks"] if e["name"] == counted.webhook.name]
+        return base64.b64decode(ours["clientConfig"]["caBundle"])
+
+    async with dry_run_traffic(client, "ca-rotation") as traffic:
+        await until(lambda: traffic.done >= 10 or bool(traffic.failures), "traffic before the rotation", service)
+        new_cert = mount_secret(secret, new_ca)
+        await until(lambda: service.certificates.leaf_der == der_of(new_cert), "the new certificate served", service,
+                    timeout=60)
+        deadline = time.monotonic() + 30
+        while await bundle() != pem(new_ca.cert):  # then the old CA leaves the caBundle
+            assert time.monotonic() < deadline, service.status()
+            await asyncio.sleep(0.1)
+        after = traffic.done
+        await until(lambda: traffic.done >= after + 10 or bool(traffic.failures), "traffic after the rotation", service)
+    failures = traffic.failures
+    assert failures == [], f"{len(failures)} of {traffic.done + len(failures)} requests failed; first: {failures[0]}"
+    assert counted.calls >= traffic.done
+    _, writer = await asyncio.open_connection("127.0.0.1", service.server.port,
+                                              ssl=ssl.create_default_context(cadata=pem(new_ca.cert).decode()))
+    assert writer.get_extra_info("ssl_object").getpeercert(binary_form=True) == der_of(new_cert)
+    writer.close()
+    await writer.wait_closed()
 
 
 # -- managed configurations --------------------------------------------------------------------------------------
@@ -389,11 +486,9 @@ def test_syncer_run_serves_the_example_plugin(cp: ControlPlane, tmp_path: Path) 
                         f'[webhooks]\nbind = "127.0.0.1:{webhook_port}"\nconfiguration_name = "sidecar"\n'
                         '[plugin_settings.widget_webhook]\nmax_size = 5\n')
     log = tmp_path / "sidecar.log"
-    proc = subprocess.Popen([sys.executable, "-m", "syncer", "run", "--settings", str(settings)], cwd=ROOT,
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
     custom = kubernetes.client.CustomObjectsApi(kube_client(cp))
     admission = kubernetes.client.AdmissionregistrationV1Api(kube_client(cp))
-    try:
+    with sidecar(settings, log) as proc:
         deadline = time.monotonic() + 60
         while readyz(port) != 200:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -407,15 +502,34 @@ def test_syncer_run_serves_the_example_plugin(cp: ControlPlane, tmp_path: Path) 
         created = custom.create_namespaced_custom_object(WIDGETS.group, "v1", "default", "widgets", widget("w"),
                                                          dry_run="All")
         assert created["spec"] == {"size": 1}
+        rows = {w["name"]: w for w in status_of(port)["webhooks"]["webhooks"]}
+        validate = rows["validate.widgets.examples.kube-syncer.io"]
+        assert (validate["requests"], validate["allowed"], validate["denied"], validate["errors"]) == (2, 1, 1, 0)
+        assert rows["default.widgets.examples.kube-syncer.io"]["allowed"] == 2
+        assert validate["latency_seconds"]["max"] >= validate["latency_seconds"]["mean"] > 0
+        shown = subprocess.run([sys.executable, "-m", "syncer", "status", "--url",
+                                f"http://127.0.0.1:{port}/status"], cwd=ROOT, capture_output=True, text=True)
+        [row] = [ln.split() for ln in shown.stdout.splitlines() if ln.startswith("validate.widgets")]
+        assert row[:6] == ["validate.widgets.examples.kube-syncer.io", "validating", "2", "1", "1", "0"], shown.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
+    assert "webhooks ready: the API server called us" in log.read_text()
+    names = [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
+    assert "sidecar" not in names, "the sidecar deletes the configurations it wrote when it stops"
+
+
+@contextlib.contextmanager
+def sidecar(settings: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``syncer run`` with these settings, its output in ``log``; killed at the end of the block if still running."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "syncer", "run", "--settings", str(settings)], cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert "webhooks ready: the API server called us" in log.read_text()
-    names = [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
-    assert "sidecar" not in names, "the sidecar deletes the configurations it wrote when it stops"
 
 
 def readyz(port: int) -> int:
@@ -426,3 +540,47 @@ def readyz(port: int) -> int:
         return int(e.code)
     except OSError:
         return 0
+
+
+@pytest.mark.parametrize("election", [False, True], ids=["election-off", "election-on"])
+def test_a_fatal_exit_deletes_the_configurations_first(cp: ControlPlane, tmp_path: Path, election: bool) -> None:
+    """SIGTERM with a runnable that ignores its cancellation ends in exit code 1; the `failurePolicy: Fail`
+    configuration must not outlive the server it points at, and the error line says what is true in this mode."""
+    port, webhook_port, name = free_port(), free_port(), f"fatal-exit-{'on' if election else 'off'}"
+    settings = tmp_path / "s.toml"
+    plugin = ROOT / "tests" / "plugins" / "stuck_runnable_webhook.py"
+    settings.write_text(f'kubeconfig = "{cp.kubeconfig}"\nplugins = ["{plugin}"]\n'
+                        f'include = ["core/configmaps"]\nhttp_bind = "127.0.0.1:{port}"\nshutdown_timeout = 4\n'
+                        f'[webhooks]\nbind = "127.0.0.1:{webhook_port}"\nconfiguration_name = "{name}"\n'
+                        f'[leader_election]\nenabled = {str(election).lower()}\nlease_name = "{name}"\n')
+    log = tmp_path / "sidecar.log"
+    admission = kubernetes.client.AdmissionregistrationV1Api(kube_client(cp))
+    core = kubernetes.client.CoreV1Api(kube_client(cp))
+    matching = kubernetes.client.V1ConfigMap(metadata=kubernetes.client.V1ObjectMeta(
+        generate_name="fatal-", labels={"test": "fatal-exit"}))
+    with sidecar(settings, log) as proc:
+        deadline = time.monotonic() + 60
+        while not (readyz(port) == 200 and [r["state"] for r in status_of(port)["runnables"]] == ["running"]):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert name in [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 1, log.read_text()
+    output = log.read_text()
+    # What the issue saw: every matching create failed with "failed calling webhook ... dial tcp".
+    core.create_namespaced_config_map("default", matching, dry_run="All")
+    assert name not in [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
+    assert name not in [c.metadata.name for c in admission.list_mutating_webhook_configuration().items]
+    assert "deleted ValidatingWebhookConfiguration " + name in output, output[-3000:]
+    [error] = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert "runnable stubborn did not stop within 2s" in error, output[-3000:]
+    if election:
+        assert "the lease default/" + name + " is not released" in error, error
+    else:
+        assert "lease" not in error.replace("no lease is held", "") and "leadership term" not in error, error
+        assert "leader election is off: no lease is held" in error, error
+
+
+def status_of(port: int) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5).read())
+    return doc

@@ -331,3 +331,29 @@ async def test_self_dial_notices_another_certificate(serve, tmp_path: Path) -> N
     certs.context.current = other.context.current  # the listener now serves a certificate that is not loaded
     assert "TLS self-dial of 127.0.0.1" in await served.server.self_dial()
     other.close()
+
+
+async def test_a_certificate_of_a_new_ca_waits_until_promoted(tmp_path: Path) -> None:
+    """With staged CA changes, the certificate of a new CA is not served until promote(); meanwhile the bundle the
+    clients need holds both CAs. A ca.crt that does not verify tls.crt (files written one by one) is not loaded."""
+    old_ca, new_ca = CA.new("old"), CA.new("new")
+    secret = tmp_path / "secret"
+    old_cert = old_ca.write_secret(secret)
+    certs = ServingCertificates(str(secret), ["127.0.0.1"], stage_ca_changes=True)
+    await certs.load()
+    try:
+        new_cert, new_key = new_ca.issue("next")
+        (secret / "tls.crt").write_bytes(new_cert)
+        (secret / "tls.key").write_bytes(new_key)
+        assert await certs.reload() is False and "tls.crt is not issued by a certificate of ca.crt" in certs.last_error
+        (secret / "ca.crt").write_bytes(pem(new_ca.cert))
+        assert await certs.reload() is True and certs.pending is not None
+        assert certs.leaf_der == der_of(old_cert) and certs.ca_bundle == pem(old_ca.cert)
+        assert certs.trusted_bundle == pem(old_ca.cert) + pem(new_ca.cert)
+        assert certs.status()["rotation"].startswith("pending")
+        assert certs.promote(object()) is False  # not the pending one: nothing changes
+        assert certs.promote(certs.pending) is True and certs.pending is None
+        assert certs.leaf_der == der_of(new_cert) and certs.trusted_bundle == pem(new_ca.cert)
+        assert certs.reloads == 1
+    finally:
+        certs.close()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import socket
 import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,22 @@ class CA:
         (directory / "tls.key").write_bytes(key)
         (directory / "ca.crt").write_bytes(pem(self.cert))
         return cert
+
+
+def mount_secret(directory: Path, ca: CA, cn: str = "webhook") -> bytes:
+    """Write tls.crt, tls.key and ca.crt as the kubelet updates a mounted Secret: into a new directory, then one
+    atomic rename of the ``..data`` symlink that the files link through. Returns the certificate PEM."""
+    cert, key = ca.issue(cn)
+    directory.mkdir(parents=True, exist_ok=True)
+    version = Path(tempfile.mkdtemp(prefix="..version-", dir=directory))
+    for name, data in (("tls.crt", cert), ("tls.key", key), ("ca.crt", pem(ca.cert))):
+        (version / name).write_bytes(data)
+    (directory / "..data_tmp").symlink_to(version.name)
+    os.replace(directory / "..data_tmp", directory / "..data")
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        if not (directory / name).is_symlink():
+            (directory / name).symlink_to(f"..data/{name}")
+    return cert
 
 
 def der_of(cert_pem: bytes) -> bytes:

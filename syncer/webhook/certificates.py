@@ -13,6 +13,15 @@ What differs from controller-runtime's certwatcher and kopf's certificate handli
   clients that prefer it. kopf instead restarts its listener, dropping in-flight requests. Here a pair that does
   not load is logged and retried at the next poll, and the previous certificate keeps serving meanwhile;
   connections already open keep theirs.
+- A new certificate from another CA is not served at once when the caller stages CA changes (``stage_ca_changes``:
+  the service does, with managed configurations): it waits as ``pending`` while ``trusted_bundle`` (what the
+  configurations' ``caBundle`` must hold) has both CAs, and is served when the caller ``promote``s it, once the
+  API server trusts both; then ``trusted_bundle`` drops the old CA. A certificate swapped before the API server
+  has the new ``caBundle`` fails every new connection for as long as its configuration takes to load (half a second
+  and more), which kept-alive connections only hide. controller-runtime leaves this to cert-manager's CA injector
+  and the Secret's update order; a certificate of the same CA, or without managed configurations, is served at
+  once. Staging also checks that ``ca.crt`` verifies ``tls.crt`` (one is it, or signed it): files written one after
+  the other are not loaded until they agree.
 - The client CA of mutual TLS is part of the context, so it is reloaded with the certificate. Client
   certificates are *optional* at the TLS layer and required by the server per request (see ``server.py``), so
   that the readiness self-dial can handshake without one.
@@ -34,6 +43,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -70,16 +80,20 @@ class _Loaded:
 class ServingCertificates:
     """The server's certificate: from ``cert_dir`` (``tls.crt``, ``tls.key`` and, for the configurations'
     ``caBundle``, ``ca.crt``) or, when ``cert_dir`` is empty, self-signed for ``hosts``. ``client_ca_file``, if
-    given, verifies client certificates. ``load()`` once, then ``reload()`` whenever convenient."""
+    given, verifies client certificates. ``load()`` once, then ``reload()`` whenever convenient; with
+    ``stage_ca_changes``, a certificate of another CA waits for ``promote()``."""
 
-    def __init__(self, cert_dir: str, hosts: Sequence[str], client_ca_file: str = "") -> None:
+    def __init__(self, cert_dir: str, hosts: Sequence[str], client_ca_file: str = "",
+                 stage_ca_changes: bool = False) -> None:
         self.cert_dir = cert_dir
         self.hosts = tuple(hosts)
         self.client_ca_file = client_ca_file
+        self.stage_ca_changes = stage_ca_changes
         self.context = _RotatingContext(ssl.PROTOCOL_TLS_SERVER)
         self.reloads = 0
         self.last_error = ""
         self._loaded: _Loaded | None = None
+        self._pending: _Loaded | None = None
         self._signature: tuple[Any, ...] | None = None
         self._scratch: str | None = None  # the self-signed PEM files (ssl loads certificates from files only)
 
@@ -92,6 +106,29 @@ class ServingCertificates:
     def ca_bundle(self) -> bytes | None:
         """The PEM CA bundle that verifies the serving certificate (None: ``cert_dir`` has no ``ca.crt``)."""
         return self._current.ca_bundle
+
+    @property
+    def pending(self) -> object | None:
+        """The certificate of a new CA loaded but not served yet (None: none); a token for ``promote``."""
+        return self._pending
+
+    @property
+    def trusted_bundle(self) -> bytes | None:
+        """The CA bundle the clients need now: the current CA and, while a certificate of a new one is pending,
+        that one too (None: ``cert_dir`` has no ``ca.crt``)."""
+        current = self._current.ca_bundle
+        if self._pending is None or current is None or self._pending.ca_bundle is None:
+            return current
+        return current.rstrip(b"\n") + b"\n" + self._pending.ca_bundle
+
+    def promote(self, pending: object) -> bool:
+        """Serve the pending certificate if it is still ``pending`` (not replaced by a newer one meanwhile), once
+        the clients trust ``trusted_bundle``; True if it was swapped in."""
+        if not isinstance(pending, _Loaded) or pending is not self._pending:
+            return False
+        self._pending = None
+        self._serve(pending)
+        return True
 
     @property
     def leaf_der(self) -> bytes:
@@ -123,10 +160,12 @@ class ServingCertificates:
             except (OSError, ssl.SSLError) as e:  # only the client CA file can be wrong here
                 raise CertificateError(f"setting 'webhooks.client_ca_file': cannot load {self.client_ca_file}: "
                                        f"{_reason(e)}") from None
-        self._use(loaded, signature)
+        self._signature = signature
+        self._swap(loaded)
 
     async def reload(self) -> bool:
-        """Swap in the files' certificate if any of them changed since the last load; True if it was swapped.
+        """Load the files' certificate if any of them changed since the last load, and swap it in (or, of a new CA
+        with ``stage_ca_changes``, keep it ``pending``); True if one was loaded.
 
         A pair that does not load (e.g. the certificate written and the key not yet) keeps the current one in
         use and is tried again at the next call; ``last_error`` says why meanwhile."""
@@ -143,10 +182,15 @@ class ServingCertificates:
                 _log.warning(error)
             self.last_error = error
             return False
-        self._use(loaded, signature)
-        self.reloads += 1
-        _log.info("reloaded the serving certificate from {} (expires {})", self.cert_dir,
-                  loaded.leaf.not_valid_after_utc.isoformat())
+        self._signature, self.last_error = signature, ""
+        if self.stage_ca_changes and loaded.ca_bundle is not None and \
+                self._current.ca_bundle not in (None, loaded.ca_bundle):
+            self._pending = loaded
+            _log.info("loaded a serving certificate of a new CA from {}: serving the previous one until the API "
+                      "server trusts both CAs", self.cert_dir)
+        else:
+            self._pending = None
+            self._serve(loaded)
         return True
 
     def status(self) -> dict[str, Any]:
@@ -155,7 +199,8 @@ class ServingCertificates:
         return {"source": self.source, "subject": leaf.subject.rfc4514_string() if leaf else "",
                 "not_after": leaf.not_valid_after_utc.isoformat() if leaf else "", "reloads": self.reloads,
                 "client_certificates": "verified" if self.client_ca_file else "not required",
-                "last_error": self.last_error}
+                "rotation": "pending: a certificate of a new CA waits until the API server trusts both CAs"
+                if self._pending else "", "last_error": self.last_error}
 
     def close(self) -> None:
         """Remove the self-signed files."""
@@ -164,10 +209,17 @@ class ServingCertificates:
             self._scratch = None
 
     # -- helpers ------------------------------------------------------------------------------------------
-    def _use(self, loaded: _Loaded, signature: tuple[Any, ...] | None) -> None:
-        self._loaded, self._signature = loaded, signature
+    def _swap(self, loaded: _Loaded) -> None:
+        """New handshakes get ``loaded``."""
+        self._loaded = loaded
         self.context.current = loaded.context
-        self.last_error = ""
+
+    def _serve(self, loaded: _Loaded) -> None:
+        """Swap a reloaded certificate in."""
+        self._swap(loaded)
+        self.reloads += 1
+        _log.info("reloaded the serving certificate from {} (expires {})", self.cert_dir,
+                  loaded.leaf.not_valid_after_utc.isoformat())
 
     def _files_signature(self) -> tuple[Any, ...]:
         """What changes when any file changes, including a Secret's symlink swap (a new inode)."""
@@ -184,11 +236,15 @@ class ServingCertificates:
         return tuple(out)
 
     def _load_files(self) -> _Loaded:
-        """(In a thread.) A context from the files; raises if they are missing, unreadable or do not match."""
+        """(In a thread.) A context from the files; raises if they are missing, unreadable or do not match (with
+        ``stage_ca_changes``, also if ``ca.crt`` does not verify ``tls.crt``: files written one after the other)."""
         cert, key, ca = (Path(self.cert_dir, n) for n in (CERT_FILE, KEY_FILE, CA_FILE))
         context = self._context(cert, key)
-        leaf = x509.load_pem_x509_certificate(cert.read_bytes())
-        return _Loaded(context, leaf, ca.read_bytes() if ca.is_file() else None)
+        chain = x509.load_pem_x509_certificates(cert.read_bytes())
+        bundle = ca.read_bytes() if ca.is_file() else None
+        if self.stage_ca_changes and bundle is not None:
+            _check_issued(chain[-1], x509.load_pem_x509_certificates(bundle))
+        return _Loaded(context, chain[0], bundle)
 
     def _self_signed(self, directory: str) -> _Loaded:
         """(In a thread: key generation and signing are CPU work.) Our CA and a serving certificate it signed."""
@@ -232,6 +288,19 @@ class ServingCertificates:
             context.load_verify_locations(cafile=self.client_ca_file)
             context.verify_mode = ssl.CERT_OPTIONAL
         return context
+
+
+def _check_issued(top: x509.Certificate, authorities: list[x509.Certificate]) -> None:
+    """Raise ValueError unless the top of the chain is one of ``authorities`` or signed by one of them."""
+    for authority in authorities:
+        if top == authority:
+            return
+        try:
+            top.verify_directly_issued_by(authority)
+            return
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    raise ValueError(f"{CERT_FILE} is not issued by a certificate of {CA_FILE}")
 
 
 def _reason(e: BaseException) -> str:

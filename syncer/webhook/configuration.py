@@ -12,7 +12,13 @@ installs them) and kopf (which writes them, but then takes any object of that na
 - Each object also carries a probe webhook that sees only dry-run ConfigMaps labelled for it, in one namespace,
   with ``failurePolicy: Ignore``. The API server loads configurations asynchronously, so an object written is no
   proof that it calls us; a server-side dry run that our probe answers is (envtest only waits for the objects to
-  exist, and other projects retry a dry run of their own resources, which needs an object that passes them).
+  exist, and other projects retry a dry run of their own resources, which needs an object that passes them). The
+  probe's ``objectSelector`` also wants a nonce label that every write of the object changes, and the dry run
+  carries the nonces last written: an older version of the object, still loaded, does not match it, so the answer
+  proves that the API server uses the object as written last (its ``caBundle`` included, which a CA rotation
+  waits for), not only that it reaches us. The API server builds each object's webhooks from it as a whole
+  (``k8s.io/apiserver`` ``pkg/admission/configuration``), and a new ``clientConfig`` gets a new client
+  (``pkg/util/webhook/client.go`` keys its client cache by it).
 - The configurations point at ``clientConfig.url`` with our CA bundle: the API server reaches the sidecar
   without a Service (a local control plane, a replica reachable at ``url``). A deployment behind a Service
   declares its configurations in its manifests instead (and cert-manager injects the CA).
@@ -33,7 +39,7 @@ from .review import AdmissionRequest, Allow, Verdict
 MANAGED_BY_LABEL, MANAGED_BY = "app.kubernetes.io/managed-by", "kube-syncer"
 WRITER_ANNOTATION = "kube-syncer.io/written-by"
 PROBE_LABEL = "kube-syncer.io/webhook-probe"
-PROBE_NONCE_ANNOTATION = "kube-syncer.io/webhook-probe-nonce"
+PROBE_NONCE_LABEL = "kube-syncer.io/webhook-probe-{kind}"  # the nonce of the kind's object as last written
 PROBE_NAME = "probe.webhooks.kube-syncer.io"
 CONFIGMAPS = GVR("", "v1", "configmaps")
 _KINDS = {"validating": ("ValidatingWebhookConfiguration",
@@ -51,8 +57,8 @@ class ManagedConfigurations:
     """The two configuration objects named ``name``, pointing at ``base_url`` + each webhook's path.
 
     ``probes`` are the probe webhooks to serve next to the plugins' ones; ``apply(ca_bundle)`` writes the
-    objects, ``probe()`` sends one dry run and says whether both probes have seen it since the last ``apply``,
-    ``remove()`` deletes what this process wrote.
+    objects, ``probe()`` sends one dry run and says whether both probes have answered it, each with its object as
+    last written; ``remove()`` deletes what this process wrote.
     """
 
     def __init__(self, client: ApiClient, name: str, identity: str, base_url: str, webhooks: Sequence[Webhook],
@@ -62,8 +68,8 @@ class ManagedConfigurations:
         self.identity = identity
         self.base_url = base_url.rstrip("/")
         self.probe_namespace = probe_namespace
-        self._nonce = ""
-        self._seen: set[str] = set()
+        self._nonces: dict[str, str] = {}  # kind -> the nonce of its object as last written
+        self._seen: set[str] = set()  # the kinds whose probe answered with that nonce
         self._applied = False  # whether apply() ran: before that, nothing of ours can exist to remove
         probe: dict[str, Any] = {
             "name": PROBE_NAME, "failure_policy": "Ignore", "timeout_seconds": _PROBE_TIMEOUT,
@@ -80,16 +86,13 @@ class ManagedConfigurations:
 
     async def apply(self, ca_bundle: bytes) -> list[str]:
         """Create or update both objects; returns what was written (e.g. ``created ValidatingWebhookConfiguration
-        kube-syncer``), nothing when they are as declared. A write starts a new probe round."""
+        kube-syncer``), nothing when they are as declared. A write needs a new answer of that kind's probe."""
         written = []
         self._applied = True
         for kind, (kind_name, gvr) in _KINDS.items():
-            entries = [self._entry(w, ca_bundle) for w in self.webhooks if w.kind == kind]
-            action = await retry_on_conflict(lambda: self._write(kind_name, gvr, entries))
+            action = await retry_on_conflict(lambda: self._write(kind, kind_name, gvr, ca_bundle))
             if action:
                 written.append(f"{action} {kind_name} {self.name}")
-        if written or not self._nonce:
-            self._nonce, self._seen = secrets.token_hex(8), set()
         return written
 
     async def probe(self) -> bool:
@@ -100,7 +103,8 @@ class ManagedConfigurations:
             await ResourceClient(self.client, CONFIGMAPS, namespaced=True).create({
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"generateName": "kube-syncer-webhook-probe-", "namespace": self.probe_namespace,
-                             "labels": {PROBE_LABEL: self.name}, "annotations": {PROBE_NONCE_ANNOTATION: self._nonce}},
+                             "labels": {PROBE_LABEL: self.name, **{PROBE_NONCE_LABEL.format(kind=kind): nonce
+                                                                   for kind, nonce in self._nonces.items()}}},
             }, dry_run=True)
         except ApiError:
             if not self.called:
@@ -111,7 +115,7 @@ class ManagedConfigurations:
     @property
     def called(self) -> bool:
         """Whether the API server called both probes with the configurations last written."""
-        return bool(self._nonce) and self._seen == set(_KINDS)
+        return self._seen == set(_KINDS)
 
     async def remove(self) -> list[str]:
         """Delete the objects this process wrote last; returns what was deleted."""
@@ -133,40 +137,57 @@ class ManagedConfigurations:
     # -- helpers -----------------------------------------------------------------------------------------
     def _probe_handler(self, kind: str) -> Handler:
         async def handler(request: AdmissionRequest) -> Verdict:
-            annotations = ((request.object or {}).get("metadata") or {}).get("annotations") or {}
-            if self._nonce and annotations.get(PROBE_NONCE_ANNOTATION) == self._nonce:
+            labels = ((request.object or {}).get("metadata") or {}).get("labels") or {}
+            nonce = self._nonces.get(kind)
+            if nonce and labels.get(PROBE_NONCE_LABEL.format(kind=kind)) == nonce:
                 self._seen.add(kind)
             return Allow()
         return handler
 
-    async def _write(self, kind_name: str, gvr: GVR, entries: list[dict[str, Any]]) -> str:
+    async def _write(self, kind: str, kind_name: str, gvr: GVR, ca_bundle: bytes) -> str:
         client = ResourceClient(self.client, gvr, namespaced=False)
         try:
-            current = await client.get(self.name)
+            current: dict[str, Any] | None = await client.get(self.name)
         except NotFound:
+            current = None
+        if current is not None:
+            meta = current["metadata"]
+            if not _ours(meta):
+                raise ConfigurationError(
+                    f"{kind_name} {self.name!r} exists and was not created by kube-syncer (it has no label "
+                    f"{MANAGED_BY_LABEL}={MANAGED_BY}), so it is left alone; set 'webhooks.configuration_name' to "
+                    "another name")
+            existing = current.get("webhooks") or []
+            entries = self._entries(kind, ca_bundle, self._nonces.get(kind, ""))
+            # Compared on the fields we write: the API server adds defaults of its own (e.g. matchConditions). The
+            # writer is claimed too, so that the process running now is the one that deletes them when it stops.
+            if len(existing) == len(entries) and all({k: e.get(k) for k in want} == want
+                                                     for e, want in zip(existing, entries)) and \
+                    (meta.get("annotations") or {}).get(WRITER_ANNOTATION) == self.identity:
+                return ""
+        nonce = secrets.token_hex(8)
+        entries = self._entries(kind, ca_bundle, nonce)
+        if current is None:
             await client.create({
                 "apiVersion": gvr.group_version, "kind": kind_name,
                 "metadata": {"name": self.name, "labels": {MANAGED_BY_LABEL: MANAGED_BY},
                              "annotations": {WRITER_ANNOTATION: self.identity}},
                 "webhooks": entries})
-            return "created"
-        meta = current["metadata"]
-        if not _ours(meta):
-            raise ConfigurationError(
-                f"{kind_name} {self.name!r} exists and was not created by kube-syncer (it has no label "
-                f"{MANAGED_BY_LABEL}={MANAGED_BY}), so it is left alone; set 'webhooks.configuration_name' to "
-                "another name")
-        existing = current.get("webhooks") or []
-        # Compared on the fields we write: the API server adds defaults of its own (e.g. matchConditions). The
-        # writer is claimed too, so that the process running now is the one that deletes them when it stops.
-        if len(existing) == len(entries) and all({k: e.get(k) for k in want} == want
-                                                 for e, want in zip(existing, entries)) and \
-                (meta.get("annotations") or {}).get(WRITER_ANNOTATION) == self.identity:
-            return ""
-        current["webhooks"] = entries
-        meta.setdefault("annotations", {})[WRITER_ANNOTATION] = self.identity
-        await client.update(current)
-        return "updated"
+        else:
+            current["webhooks"] = entries
+            current["metadata"].setdefault("annotations", {})[WRITER_ANNOTATION] = self.identity
+            await client.update(current)
+        self._nonces[kind] = nonce
+        self._seen.discard(kind)
+        return "created" if current is None else "updated"
+
+    def _entries(self, kind: str, ca_bundle: bytes, nonce: str) -> list[dict[str, Any]]:
+        """The object's webhooks, its probe wanting ``nonce``."""
+        entries = [self._entry(w, ca_bundle) for w in self.webhooks if w.kind == kind]
+        probe = entries[-1]  # the probes come last
+        probe["objectSelector"] = {"matchLabels": {**probe["objectSelector"]["matchLabels"],
+                                                   PROBE_NONCE_LABEL.format(kind=kind): nonce}}
+        return entries
 
     def _entry(self, webhook: Webhook, ca_bundle: bytes) -> dict[str, Any]:
         entry = {

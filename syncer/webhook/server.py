@@ -17,6 +17,9 @@ What differs from controller-runtime's webhook server and kopf's, and why:
 - With mutual TLS, client certificates are optional in the handshake and required per request (401 without one):
   a handshake that fails tells the API server nothing, a 401 ``Status`` tells the operator what is missing, and the
   readiness self-dial needs no client certificate of its own.
+- Each webhook's answers are counted by outcome (allowed, denied, error) with their latency in ``stats``, for
+  ``/status``: a Deny is an HTTP 200, so the request metrics (by path and code, as controller-runtime's) cannot
+  tell a denial from an admission.
 - ``self_dial`` checks that the listener serves the certificate now loaded (and that the CA bundle, when known,
   verifies it), as controller-runtime's ``StartedChecker`` dials TLS; see ``service.py`` for the rest of readiness.
 """
@@ -27,6 +30,7 @@ import asyncio
 import inspect
 import ssl
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 import orjson
@@ -50,6 +54,37 @@ _IN_FLIGHT = Gauge("controller_runtime_webhook_requests_in_flight", "Admission r
 _log = logger.bind(component="webhook server")
 
 
+@dataclass
+class WebhookStats:
+    """One webhook's requests: how many, how they were answered (``errors``: a handler that raised, timed out or
+    returned no verdict, and requests we could not take), and how long the answers took."""
+
+    requests: int = 0
+    allowed: int = 0
+    denied: int = 0
+    errors: int = 0
+    latency_sum: float = 0.0
+    latency_max: float = 0.0
+
+    def count(self, outcome: str, seconds: float) -> None:
+        """One request answered: ``outcome`` is ``allowed``, ``denied`` or ``error``."""
+        self.requests += 1
+        if outcome == "allowed":
+            self.allowed += 1
+        elif outcome == "denied":
+            self.denied += 1
+        else:
+            self.errors += 1
+        self.latency_sum += seconds
+        self.latency_max = max(self.latency_max, seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts, and the mean and longest latency in seconds (None before the first request)."""
+        return {"requests": self.requests, "allowed": self.allowed, "denied": self.denied, "errors": self.errors,
+                "latency_seconds": {"mean": round(self.latency_sum / self.requests, 6) if self.requests else None,
+                                    "max": round(self.latency_max, 6) if self.requests else None}}
+
+
 class WebhookServer:
     """Serves ``webhooks`` at their paths on ``host:port`` with ``certificates``' TLS context."""
 
@@ -62,6 +97,7 @@ class WebhookServer:
         self.webhooks = list(webhooks)
         self.certificates = certificates
         self.require_client_cert = bool(certificates.client_ca_file)
+        self.stats = {w.path: WebhookStats() for w in self.webhooks}  # by path
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -114,34 +150,39 @@ class WebhookServer:
         return ""
 
     def _route(self, webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response]]:
+        stats = self.stats[webhook.path]
+
         async def handle(request: web.Request) -> web.Response:
             started = time.monotonic()
             _IN_FLIGHT.labels(webhook.path).inc()
             try:
-                response = await self._serve(webhook, request)
+                response, outcome = await self._serve(webhook, request)
             finally:
                 _IN_FLIGHT.labels(webhook.path).dec()
+            elapsed = time.monotonic() - started
             _REQUESTS.labels(webhook.path, str(response.status)).inc()
-            _LATENCY.labels(webhook.path).observe(time.monotonic() - started)
+            _LATENCY.labels(webhook.path).observe(elapsed)
+            stats.count(outcome, elapsed)
             return response
         return handle
 
-    async def _serve(self, webhook: Webhook, request: web.Request) -> web.Response:
+    async def _serve(self, webhook: Webhook, request: web.Request) -> tuple[web.Response, str]:
+        """The answer, and whether the handler allowed, denied, or an error (ours, the request's) answered."""
         if self.require_client_cert and not (request.transport and request.transport.get_extra_info("peercert")):
-            return _status(401, "a client certificate signed by the CA of setting 'webhooks.client_ca_file' is "
+            return _failed(401, "a client certificate signed by the CA of setting 'webhooks.client_ca_file' is "
                                 "required (configure the API server's AdmissionConfiguration kubeConfigFile)")
         if request.content_type != "application/json":
-            return _status(415, f"Content-Type must be application/json, got {request.content_type!r}")
+            return _failed(415, f"Content-Type must be application/json, got {request.content_type!r}")
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _status(413, f"the body is larger than {MAX_BODY} bytes")
+            return _failed(413, f"the body is larger than {MAX_BODY} bytes")
         try:
             review = parse_review(body)
         except ReviewError as e:
-            return _status(400, f"not an AdmissionReview request: {e}")
+            return _failed(400, f"not an AdmissionReview request: {e}")
         if review.review_version not in webhook.review_versions:
-            return _status(400, f"webhook {webhook.name} accepts AdmissionReview "
+            return _failed(400, f"webhook {webhook.name} accepts AdmissionReview "
                                 f"{', '.join(webhook.review_versions)}, got {review.review_version}")
         timeout = _timeout(webhook, request.query.get("timeout", ""))
         log = _log.bind(webhook=webhook.name, uid=review.uid)
@@ -152,7 +193,7 @@ class WebhookServer:
         except Exception as e:
             if isinstance(e, TimeoutError) and deadline.expired():
                 log.warning("admission handler did not answer within {:g}s: {}", timeout, what)
-                return _status(504, f"admission webhook {webhook.name} did not answer within {timeout:g}s "
+                return _failed(504, f"admission webhook {webhook.name} did not answer within {timeout:g}s "
                                     f"(request uid {review.uid})")
             log.opt(exception=e).error("admission handler raised: {}", what)
             problem = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -164,7 +205,8 @@ class WebhookServer:
                                  code=500) if problem else returned)
         log.debug("{}: {}", what,
                   "allowed" if isinstance(verdict, Allow) else f"denied ({verdict.code}: {verdict.message})")
-        return web.Response(body=review_response(review, verdict), content_type="application/json")
+        outcome = "error" if problem else "allowed" if isinstance(verdict, Allow) else "denied"
+        return web.Response(body=review_response(review, verdict), content_type="application/json"), outcome
 
 
 def loopback_for(host: str) -> str:
@@ -205,6 +247,10 @@ def _problem(webhook: Webhook, verdict: Verdict) -> str:
 def _object_name(review: AdmissionRequest) -> str:
     name = review.name or "(name to be generated)"
     return f"{review.namespace}/{name}" if review.namespace else name
+
+
+def _failed(code: int, message: str) -> tuple[web.Response, str]:
+    return _status(code, message), "error"
 
 
 def _status(code: int, message: str) -> web.Response:

@@ -8,9 +8,14 @@ some time after they are written. Without managed configurations the sidecar can
 (and a Service in front of the pods routes only to ready ones), so the self-dial alone decides.
 
 The service runs on every replica, leader or not: the API server calls whichever replica it reaches. Two
-supervised tasks belong to it, cancelled and awaited by ``stop()``: the certificate poll (``cert_dir`` only) and
+supervised tasks belong to it, cancelled and awaited by ``withdraw()``: the certificate poll (``cert_dir`` only) and
 the upkeep, which dials, writes the configurations, probes until called, and then checks again every 30 s or when
-the certificate changed, rewriting the configurations if someone removed or edited them.
+the certificate changed, rewriting the configurations if someone removed or edited them. The upkeep also carries
+out a CA change in three steps (both CAs in the ``caBundle``, the new certificate served once the probes prove the
+API server uses that bundle, the old CA dropped; see ``certificates.py``).
+
+``withdraw()`` deletes what this process wrote while the server still answers; the sidecar calls it on every exit
+it lives through, including the exit with code 1 that skips the graceful shutdown (``runtime.py``).
 """
 
 from __future__ import annotations
@@ -55,11 +60,13 @@ class WebhookService:
         self.settings = settings
         self.supervisor = supervisor
         host, _, port = settings.bind.rpartition(":")
-        self.certificates = ServingCertificates(settings.cert_dir, settings.hosts, settings.client_ca_file)
         self.configurations = (ManagedConfigurations(client, settings.configuration_name, identity,
                                                      settings.url or _url(host, int(port)), webhooks,
                                                      settings.probe_namespace)
                                if _manages(settings.manage_configurations, client.host) else None)
+        # A new CA goes into the configurations' caBundle before its certificate is served (see certificates.py).
+        self.certificates = ServingCertificates(settings.cert_dir, settings.hosts, settings.client_ca_file,
+                                                stage_ca_changes=self.configurations is not None)
         served = self.configurations.webhooks if self.configurations else list(webhooks)
         self.server = WebhookServer(host, int(port), served, self.certificates, client)
         self.dialed = False
@@ -67,6 +74,7 @@ class WebhookService:
         self.last_error = ""
         self._changed = asyncio.Event()
         self._tasks: list[str] = []
+        self._withdrawn = False
 
     @property
     def ready(self) -> bool:
@@ -92,20 +100,29 @@ class WebhookService:
         self._spawn("webhook upkeep", self._upkeep)
 
     async def stop(self) -> None:
-        """Stop the upkeep, delete the configurations this process wrote, and stop serving once the requests in
-        flight are answered."""
-        for name in self._tasks:
-            await self.supervisor.cancel(name)
-        self._tasks.clear()
-        if self.configurations is not None:
-            try:
-                async with asyncio.timeout(_REMOVE_WITHIN):
-                    for what in await self.configurations.remove():
-                        _log.info("deleted {}", what)
-            except _UPKEEP_ERRORS as e:  # TimeoutError included: an unreachable API server must not hold the stop
-                _log.warning("could not delete the webhook configurations: {}", _describe(e))
+        """Withdraw (see ``withdraw``), then stop serving once the requests in flight are answered."""
+        await self.withdraw()
         await self.server.stop()
         self.certificates.close()
+
+    async def withdraw(self) -> None:
+        """Stop the upkeep and delete the configurations this process wrote, within a few seconds, while the server
+        still answers; again, once done, it does nothing. Every exit of the process that still runs Python calls
+        it: a configuration with ``failurePolicy: Fail`` left pointing at a server that is gone makes the API
+        server reject every request it matches."""
+        if self._withdrawn:
+            return
+        try:
+            async with asyncio.timeout(_REMOVE_WITHIN):
+                for name in self._tasks:
+                    await self.supervisor.cancel(name)
+                self._tasks.clear()
+                if self.configurations is not None:
+                    for what in await self.configurations.remove():
+                        _log.info("deleted {}", what)
+        except _UPKEEP_ERRORS as e:  # TimeoutError included: an unreachable API server must not hold the exit
+            _log.warning("could not delete the webhook configurations: {}", _describe(e))
+        self._withdrawn = True
 
     def health(self) -> list[dict[str, Any]]:
         """One ``{name, healthy, message}``: unhealthy while the upkeep fails (self-dial, configurations, probe)."""
@@ -113,7 +130,8 @@ class WebhookService:
         return [{"name": "webhook server", "healthy": not self.last_error, "message": message}]
 
     def status(self) -> dict[str, Any]:
-        """Readiness, certificate, configurations and the webhooks served."""
+        """Readiness, certificate, configurations and the webhooks served, each with its requests, denials, errors
+        and latency."""
         return {
             "ready": self.ready, "self_dial": self.dialed, "called_by_api_server": self.called,
             "bind": self.settings.bind, "last_error": self.last_error,
@@ -121,7 +139,8 @@ class WebhookService:
             "configurations": (f"managed: {self.configurations.name}" if self.configurations else "not managed"),
             "webhooks": [{"name": w.name, "kind": w.kind, "path": w.path, "failure_policy": w.failure_policy,
                           "timeout_seconds": w.timeout_seconds,
-                          **({"url": self.configurations.url(w)} if self.configurations else {})}
+                          **({"url": self.configurations.url(w)} if self.configurations else {}),
+                          **self.server.stats[w.path].as_dict()}
                          for w in self.server.webhooks],
         }
 
@@ -170,13 +189,19 @@ class WebhookService:
             _log.info("webhook server answers TLS with its certificate")
         if self.configurations is None:
             return
-        bundle = self.certificates.ca_bundle
+        pending = self.certificates.pending
+        bundle = self.certificates.trusted_bundle
         if bundle is None:  # ca.crt removed since the start: keep the configurations as they are
             raise CertificateError(f"setting 'webhooks.cert_dir': {self.settings.cert_dir} no longer has ca.crt")
         for what in await self.configurations.apply(bundle):
             _log.info("webhooks: {}", what)
         if not self.configurations.called:
             await self._probe()
+        # The API server calls us with the configurations just written, so it trusts the new CA too: serve its
+        # certificate, and go round again to drop the old CA from the caBundle.
+        if self.certificates.promote(pending):
+            _log.info("webhooks: serving the certificate of the new CA; removing the old CA from the caBundle")
+            self._changed.set()
 
     async def _probe(self) -> None:
         assert self.configurations is not None
