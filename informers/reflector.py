@@ -132,6 +132,7 @@ class Reflector:
         self._rv_unavailable = False
         self._paginated_result = False  # the first list at "0" came in pages: the server has no watch cache
         self._need_list = True
+        self._doing = "list"  # the request under way, for log lines: "list", "watch" or "watch-list"
         self._backoff = self.options.backoff()
         self._unreachable = False  # the last failure was a connection error
         self._shortcut_taken = False  # one early retry per failure streak: see the module docstring
@@ -160,10 +161,13 @@ class Reflector:
             answers = self.client.recoveries  # before the attempt: a success elsewhere while it fails counts too
             try:
                 if self._need_list and self.use_watch_list is not False:
+                    self._doing = "watch-list"
                     if await self._watch_list():
                         continue
                 if self._need_list:
+                    self._doing = "list"
                     await self._list()
+                self._doing = "watch"
                 await self._watch()
             except asyncio.CancelledError:
                 raise
@@ -180,7 +184,7 @@ class Reflector:
     def _handle_error(self, e: Exception) -> float:
         """Record ``e``, decide whether a relist is needed, and return the delay before the next attempt."""
         self.last_error = e
-        what = "list" if self._need_list else "watch"
+        what = self._doing
         unreachable = isinstance(e, CONNECTION_ERRORS)
         if self._unreachable and not unreachable and not self._shortcut_taken:
             # The server answers again: the backoff grew while it was down, not because of this error.
@@ -202,7 +206,7 @@ class Reflector:
             else:
                 self._require_relist(f"http_{e.status}")
             level = "WARNING" if e.status in (401, 403, 404) else "DEBUG" if "initializing" in e.message else "INFO"
-            self._log.log(level, "{} {} failed ({}); retrying in {:.1f}s", what, self.gvr, e, delay)
+            self._log.log(level, "{} of {} failed ({}); retrying in {:.1f}s", what, self.gvr, e, delay)
         elif unreachable:
             kind = "timeout" if isinstance(e, TimeoutError) else "connection"
             self._log.info("{} of {} interrupted ({}: {}); retrying in {:.1f}s", what, self.gvr, kind,

@@ -302,6 +302,17 @@ async def test_watch_list_at_an_expired_rv_streams_the_latest_at_once():
 
 
 # -- nothing but cancellation ends run() ---------------------------------------------------------------------
+async def test_a_failure_is_logged_as_the_request_that_failed(logs):
+    # A 403 on the watch after a successful list is the watch's, and a watch-list's is the watch-list's.
+    client = FakeClient([page("10"), page("11")], [ApiError(403, "Forbidden", "cannot watch")])
+    await run_until(reflector(client, Sink(), []), lambda: len(client.watch_params) == 2)
+    client = FakeClient([], [ApiError(403, "Forbidden", "cannot watch")])
+    await run_until(reflector(client, Sink(), [], watch_list=True), lambda: len(client.watch_params) == 2)
+    failed = [m.split(" (")[0] for m in logs if "failed (" in m]
+    assert failed[0] == "WARNING watch of configmaps.v1 failed" and "WARNING list of configmaps.v1 failed" not in failed
+    assert "WARNING watch-list of configmaps.v1 failed" in failed
+
+
 async def test_failing_error_listener_is_logged_and_the_informer_carries_on(logs):
     client = FakeClient([ApiError(403, "Forbidden"), ApiError(500, "InternalError"), page("10", 2)], [])
     inf = SharedIndexInformer(client, CONFIGMAPS, metrics=InformerMetrics.for_registry(CollectorRegistry()),
