@@ -116,5 +116,8 @@ class FenceError(Exception):
 
 
 def describe_error(e: BaseException) -> str:
-    """``Type: message`` (just ``Type`` when the message is empty): what a log line or condition shows of an error."""
+    """``Type: message`` (just ``Type`` when the message is empty): what a log line or condition shows of an error.
+    An ``ApiError`` says ``403 Forbidden: ...`` by itself: its type would only repeat the reason."""
+    if isinstance(e, ApiError):
+        return str(e)
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from informers import GVR, Backoff, DeletedFinalStateUnknown, LabelSelector, SelectorError, Store, object_key
-from informers.errors import ApiError
+from informers.errors import ApiError, describe_error
 
 
 def cm(name, ns="ns", rv="1", labels=None):
@@ -126,3 +126,10 @@ def test_api_error_classification():
         "retryAfterSeconds": 1}})
     assert too_large.is_gone and too_large.retry_after == 1
     assert not ApiError(403, "Forbidden").is_gone
+
+
+def test_describe_error_says_an_api_errors_reason_once():
+    forbidden = ApiError.for_status_code(403, "Forbidden", 'leases is forbidden: User "x" cannot list')
+    assert describe_error(forbidden) == '403 Forbidden: leases is forbidden: User "x" cannot list'
+    assert describe_error(TimeoutError()) == "TimeoutError"
+    assert describe_error(ValueError("bad")) == "ValueError: bad"
