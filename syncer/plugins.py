@@ -111,18 +111,27 @@ def _describe_import_error(spec: str, e: BaseException) -> str:
         return f"plugin {spec!r} has a syntax error at {e.filename}:{e.lineno}: {e.msg}"
     if isinstance(e, ModuleNotFoundError) and e.name and spec.startswith(e.name):
         return f"plugin {spec!r} not found: no module named {e.name!r} (is it on PYTHONPATH or installed?)"
+    return f"plugin {spec!r} raised on import: {type(e).__name__}: {e}{_where(e)}"
+
+
+def _where(e: BaseException) -> str:
+    """`` (file:line)`` of the innermost frame that raised ``e``, where the mistake most likely is."""
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    where = f" ({frame.filename}:{frame.lineno})" if frame else ""
-    return f"plugin {spec!r} raised on import: {type(e).__name__}: {e}{where}"
+    return f" ({frame.filename}:{frame.lineno})" if frame else ""
+
+
+def _call(origin: str, hook_name: str, hook: Callable[..., Any], settings: dict[str, Any]) -> Any:
+    """What ``hook(settings)`` returns; PluginError naming the plugin, the hook, the error and where it was raised."""
+    try:
+        return hook(settings)
+    except Exception as e:
+        raise PluginError(f"plugin {origin!r}: {hook_name}() raised {type(e).__name__}: {e}{_where(e)}") from None
 
 
 def _named(origin: str, hook_name: str, hook: Callable[..., Any], settings: dict[str, Any], kind: type[T],
            expected: str) -> dict[str, T]:
     """The ``name -> kind`` dict a hook returns; PluginError naming the plugin, the hook and the bad entry."""
-    try:
-        result = hook(settings)
-    except Exception as e:
-        raise PluginError(f"plugin {origin!r}: {hook_name}() raised {type(e).__name__}: {e}") from None
+    result = _call(origin, hook_name, hook, settings)
     if not isinstance(result, Mapping):
         raise PluginError(f"plugin {origin!r}: {hook_name}() returned {type(result).__name__}, expected a dict of "
                           f"name -> {kind.__name__}")
@@ -171,10 +180,7 @@ def _check_controller(origin: str, name: str, controller: ManagedController) -> 
 
 def _extensions(origin: str, hook_name: str, hook: Callable[..., Any], settings: dict[str, Any]) -> list[Any]:
     extension = EXTENSION_HOOKS[hook_name]
-    try:
-        result = hook(settings)
-    except Exception as e:
-        raise PluginError(f"plugin {origin!r}: {hook_name}() raised {type(e).__name__}: {e}") from None
+    result = _call(origin, hook_name, hook, settings)
     if not isinstance(result, (list, tuple)):
         raise PluginError(f"plugin {origin!r}: {hook_name}() returned {type(result).__name__}, expected a list of "
                           f"{extension.attribute}")

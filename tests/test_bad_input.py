@@ -322,6 +322,9 @@ CASES: dict[str, Case] = {
     "plugin-raises-on-import": Case(
         'plugins = ["@PLUGIN@"]', "plugin '@PLUGIN@' raised on import: RuntimeError: boom at import (@PLUGIN@:1)",
         plugin="raise RuntimeError('boom at import')\n"),
+    "plugin-hook-raises": Case(
+        'plugins = ["@PLUGIN@"]', "plugin '@PLUGIN@': syncer_controllers() raised KeyError: 'suffix' (@PLUGIN@:2)",
+        plugin="def syncer_controllers(settings):\n    return {settings['suffix']: None}\n"),
     "plugin-wrong-return": Case(
         'plugins = ["@PLUGIN@"]', "plugin '@PLUGIN@': syncer_controllers() returned list, expected a dict of name -> "
         "ManagedController", plugin="def syncer_controllers(s):\n    return [1]\n"),
