@@ -9,12 +9,18 @@ The fence is checked before each item, and again by the handler right before use
 ``TermEnded``): an item of an ended term is put back as it was, not counted, and the worker waits for its
 cancellation, which the end of the term brings. ``skip(item)`` may name a reason to drop an item unhandled (the
 fleet controller drops requests of a cluster that has left instead of retrying them forever).
+
+A failure is logged with its traceback once per item and distinct error (type, message, where it was raised);
+the same failure again is one line with its count, as controller-runtime's rate-limited logging keeps a
+reconcile that fails on every retry from filling the log with the same traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import traceback
+import weakref
 from typing import TYPE_CHECKING, Awaitable, Callable, Hashable, TypeVar
 
 from .context import ReconcileStats
@@ -27,6 +33,36 @@ if TYPE_CHECKING:
     from loguru import Logger
 
 T = TypeVar("T", bound=Hashable)
+
+
+# Per queue (one per controller, shared by its workers), per item: the last failure's signature and its count.
+_failures: "weakref.WeakKeyDictionary[WorkQueue[Hashable], dict[Hashable, tuple[str, int]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _signature(e: BaseException) -> str:
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    return f"{type(e).__qualname__}: {e} at {frame.filename}:{frame.lineno}" if frame else f"{type(e).__qualname__}: {e}"
+
+
+def _log_failure(log: Logger, queue: WorkQueue[T], item: T, e: Exception, level: str, what: str) -> None:
+    """Log ``what`` for a failure of ``item``: with the traceback the first time, as a counted line when it is
+    the same failure as last time."""
+    failures = _failures.setdefault(queue, {})
+    signature = _signature(e)
+    last, count = failures.get(item, ("", 0))
+    count = count + 1 if last == signature else 1
+    failures[item] = (signature, count)
+    if count == 1:
+        log.opt(exception=e).log(level, what, item)
+    else:
+        log.log(level, what + " (the same error, {} times in a row: {}: {})", item, count, type(e).__name__, e)
+
+
+def _forget_failures(queue: WorkQueue[T], item: T) -> None:
+    failures = _failures.get(queue)
+    if failures:
+        failures.pop(item, None)
 
 
 class TermEnded(Exception):
@@ -60,6 +96,7 @@ async def run_worker(
         dropped = skip(item) if skip is not None else None
         if dropped:
             log.debug("dropping {}: {}", item, dropped)
+            _forget_failures(queue, item)
             queue.forget(item)
             queue.done(item)
             continue
@@ -78,18 +115,21 @@ async def run_worker(
             terminal = True
             stats.record_error(e)
             log.opt(exception=e).error("reconcile of {} failed with a terminal error; not retrying", item)
+            _forget_failures(queue, item)
             queue.forget(item)
         except Exception as e:
             stats.record_error(e)
             retries = queue.num_requeues(item)
             if max_retries is not None and retries >= max_retries:
                 log.opt(exception=e).error("reconcile of {} failed {} times; dropping it", item, retries + 1)
+                _forget_failures(queue, item)
                 queue.forget(item)
             else:
-                log.opt(exception=e).warning("reconcile of {} failed; retrying", item)
+                _log_failure(log, queue, item, e, "WARNING", "reconcile of {} failed; retrying")
                 queue.add_rate_limited(item)
         else:
             stats.record_success()
+            _forget_failures(queue, item)
             outcome = "success"
             if result is not None and result.requeue_after is not None:
                 outcome = "requeue_after"

@@ -81,6 +81,28 @@ async def test_a_failing_reconcile_is_retried_forever_with_capped_backoff(source
     await run_with(c, ctx, scenario())
 
 
+async def test_the_same_failure_again_is_one_counted_line_not_another_traceback(sources):
+    from loguru import logger
+
+    src = sources()
+    inf = src.add(A, objects=[obj("x")])
+    rec = Recorder(*[RuntimeError("not yet")] * 4, KeyError("other"), RuntimeError("not yet"))
+    c = controller(rec).watch(A)
+    records = []
+    sink = logger.add(lambda m: records.append(m.record), level="WARNING")
+
+    async def scenario():
+        await settle(lambda: len(rec.calls) == 7)
+
+    try:
+        await run_with(c, ControllerContext("c", {A: inf}, src), scenario())
+    finally:
+        logger.remove(sink)
+    failed = [(r["exception"] is not None, r["message"]) for r in records if "failed; retrying" in r["message"]]
+    assert [tb for tb, _ in failed] == [True, False, False, False, True, True]
+    assert failed[3][1].endswith("(the same error, 4 times in a row: RuntimeError: not yet)")
+
+
 async def test_an_explicit_max_retries_still_drops_the_request(sources):
     src = sources()
     inf = src.add(A, objects=[obj("x")])
