@@ -250,6 +250,11 @@ async def create_objects(plane: ControlPlane, gvr: GVR, kind: str, count: int,
         await asyncio.gather(*(one(i) for i in range(count)))
 
 
+async def ready_with(api: ApiClient, name: str, local: int, cache: int) -> bool:
+    status = ((await get_ccr(api, name)) or {}).get("status") or {}
+    return status.get("phase") == "Ready" and status.get("resourceCounts") == {"local": local, "cache": cache}
+
+
 def install_crd(plane: ControlPlane, gvr: GVR, kind: str) -> None:
     with kube_client(plane) as k:
         create_crd(k, gvr.group, gvr.resource, kind)
@@ -275,18 +280,13 @@ async def test_wrappers_go_with_a_source_that_stops_serving_or_leaves_and_stay_w
                 await put_secret(api, fleet_ns, "west", kubeconfig(west, server=f"https://127.0.0.1:{proxy.port}"))
                 await ccr(api, "widgets", WIDGETS)
 
-                async def counts(local: int, cache: int) -> bool:
-                    status = ((await get_ccr(api, "widgets")) or {}).get("status") or {}
-                    return status.get("phase") == "Ready" and status.get("resourceCounts") == {"local": local,
-                                                                                              "cache": cache}
-
-                await eventually(lambda: counts(130, 130), 90, "130 widgets replicated")
+                await eventually(lambda: ready_with(api, "widgets", 130, 130), 90, "130 widgets replicated")
                 with kube_client(east) as k:
                     kubernetes.client.ApiextensionsV1Api(k).delete_custom_resource_definition(
                         f"{WIDGETS.resource}.{WIDGETS.group}")
                 await eventually(lambda: _count(api, WIDGETS, 30), 30, "east's wrappers to go with its CRD")
                 assert len(await wrappers(api, WIDGETS, "west")) == 30
-                await eventually(lambda: counts(30, 30), 30, "the counts to follow")
+                await eventually(lambda: ready_with(api, "widgets", 30, 30), 30, "the counts to follow")
                 reachable = await condition_of(api, "widgets", "SourcesReachable")
                 assert reachable["status"] == "True", reachable
                 assert f"not serving {WIDGETS} (their cached objects are removed): east" in reachable["message"], \
@@ -330,7 +330,7 @@ async def test_wrappers_of_a_source_whose_crd_went_while_nobody_replicated_are_r
     await put_secret(api, fleet_ns, "src", kubeconfig(source))
     async with Running(api, fleet_ns):
         await ccr(api, "sprockets", gvr)
-        await eventually(lambda: _count(api, gvr, 10), 60, "10 sprockets replicated")
+        await eventually(lambda: ready_with(api, "sprockets", 10, 10), 60, "10 sprockets replicated")
     with kube_client(source) as k:
         kubernetes.client.ApiextensionsV1Api(k).delete_custom_resource_definition(f"{gvr.resource}.{gvr.group}")
     async with Running(api, fleet_ns):
