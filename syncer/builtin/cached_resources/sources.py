@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from controllers.cluster import display_name
 from controllers.cluster_registry import ClusterRegistry
@@ -117,7 +117,7 @@ def _connected(registry: ClusterRegistry) -> dict[str, tuple[bool, str]]:
     out: dict[str, tuple[bool, str]] = {}
     for row in registry.status()["clusters"]:
         name = row["name"]
-        connected = next((c for c in row["conditions"] if c["type"] == "Connected"), {})
+        connected: dict[str, Any] = next((c for c in row["conditions"] if c["type"] == "Connected"), {})
         if connected.get("status") == "False":
             out[name] = (False, f"not answering ({connected.get('message') or connected.get('reason')})")
         elif name not in engaged:
