@@ -149,12 +149,15 @@ class FleetLoop:
         self, name: str, spec: FleetController, clients: ClusterClients, *, management: ApiClient | None = None,
         fence: Fence = OPEN, rate_limiter: RateLimiter | None = None,
         metrics_registry: CollectorRegistry | None = None, on_join: Callable[[str], None] | None = None,
+        on_leave: Callable[[str], None] | None = None,
     ) -> None:
         """``on_join(cluster)`` is called once a cluster's informer is in the union (requests for it are served
-        from then on): for work that depends on the cluster's cache, beyond the events of its objects."""
+        from then on): for work that depends on the cluster's cache, beyond the events of its objects.
+        ``on_leave(cluster)`` once it is out (its requests still queued are dropped from then on): for what
+        those requests would have done."""
         self.name = name
         self.spec = spec
-        self._on_join = on_join
+        self._on_join, self._on_leave = on_join, on_leave
         self.fence = fence
         self.union = UnionInformer(name, metrics_registry=metrics_registry)
         self.context = FleetContext(name, spec.gvr, self.union, clients, management, fence)
@@ -225,6 +228,8 @@ class FleetLoop:
             del self._subs[name]
             await self.union.remove(union_name(name))
         self._log.info("cluster {} leaves fleet controller {}", display_name(name), self.name)
+        if self._on_leave is not None:
+            self._on_leave(name)
 
     # -- running -----------------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -32,6 +32,7 @@ from syncer.builtin.cached_resources.naming import (
     LABEL_CLUSTER, LABEL_GROUP, LABEL_ORIGINAL_NAME, LABEL_ORIGINAL_NAMESPACE, LABEL_RESOURCE, LABEL_SCHEMA,
     LABEL_VERSION, schema_selector, source_of, wrapper_name,
 )
+from syncer.builtin.cached_resources.root import install_crds
 from syncer.plugins import load_plugins
 from syncer.runtime import Syncer
 from syncer.settings import Clusters, Settings, Webhooks
@@ -250,6 +251,65 @@ async def test_a_second_cluster_cached_resource_for_a_gvr_is_denied_by_the_webho
             await api.request("POST", CLUSTER_CACHED_RESOURCES.path(), body={
                 **ccr_body("secrets"), "spec": {"group": "", "version": "v1", "resource": "secrets"}})
             assert sidecar.syncer.status()["webhooks"]["ready"]
+
+
+async def test_duplicates_admitted_together_do_not_deadlock_the_oldest_replicates(
+        control_plane_factory: Callable[..., ControlPlane]) -> None:
+    """Issue 21, item 3: two ClusterCachedResources for one GVR, both there before the webhook answers (as two
+    creates at the same moment leave them). Their finalizer updates are admitted; the oldest replicates, the other
+    shows Conflict naming it; deleting the winner promotes the other. Then three creates at once for another GVR:
+    whatever the webhook admits ends with exactly one replicating."""
+    management, workload = await start_planes(control_plane_factory, 2)
+    async with ApiClient.from_kubeconfig(str(management.kubeconfig)) as api, \
+            ApiClient.from_kubeconfig(str(workload.kubeconfig)) as src:
+        await create_configmaps(src, "default", 3, labels={"cache": "yes"})
+        await install_crds(api)
+        await eventually(lambda: _established(api), 30, "the CRDs established")
+        for name in ("configmaps-b", "configmaps-a"):
+            await api.request("POST", CLUSTER_CACHED_RESOURCES.path(),
+                              body=ccr_body(name, selector={"matchLabels": {"cache": "yes"}}))
+        stamps = {n: ((await get_ccr(api, n)) or {})["metadata"]["creationTimestamp"]
+                  for n in ("configmaps-a", "configmaps-b")}
+        winner, loser = sorted(stamps, key=lambda n: (stamps[n], n))
+        ns = await fresh_namespace(api)
+        await put_secret(api, ns, "src", kubeconfig(workload))
+        async with Sidecar(management, ns) as sidecar:
+            async def phase(name: str) -> str:
+                obj = await get_ccr(api, name) or {}
+                return str((obj.get("status") or {}).get("phase") or "")
+
+            async def settled() -> bool:
+                return await ccr_ready(api, winner, 3, 3) and await phase(loser) == "Conflict"
+
+            await sidecar.wait(settled, 60, f"{winner} Ready with 3 objects, {loser} in Conflict")
+            lo = await get_ccr(api, loser)
+            assert lo is not None and "cache.kcp.io/clustercachedresource" in lo["metadata"]["finalizers"]
+            assert any(c["type"] == "ResourceValid" and repr(winner) in c["message"]
+                       for c in lo["status"]["conditions"]), lo["status"]
+            await api.request("DELETE", CLUSTER_CACHED_RESOURCES.path(name=winner))
+            await sidecar.wait(lambda: ccr_ready(api, loser, 3, 3), 60, f"{loser} to take over")
+
+            # Three at once through the webhook: some may be admitted together; one replicates, none hangs.
+            names = [f"secrets-{i}" for i in range(3)]
+            body = {"group": "", "version": "v1", "resource": "secrets"}
+
+            async def create(name: str) -> bool:
+                try:
+                    await api.request("POST", CLUSTER_CACHED_RESOURCES.path(), body={
+                        **ccr_body(name), "spec": body})
+                    return True
+                except ApiError as e:
+                    assert e.status == 409, (e.status, e.message)
+                    return False
+
+            admitted = [n for n, ok in zip(names, await asyncio.gather(*(create(n) for n in names))) if ok]
+            assert admitted
+
+            async def one_replicates() -> bool:
+                phases = sorted([await phase(n) for n in admitted])
+                return phases == sorted(["Ready"] + ["Conflict"] * (len(admitted) - 1))
+
+            await sidecar.wait(one_replicates, 60, f"one of {admitted} Ready, the others Conflict")
 
 
 # -- 2. two source clusters, same-named objects ------------------------------------------------------------------

@@ -12,8 +12,8 @@ in multi-cluster mode (``[clusters] enabled``); the sources are the member clust
 - ``workers``: reconcile workers per replication (default 2).
 
 The modules: ``naming`` (wrapper names, labels, the one naming function), ``replication`` (one resource's
-replication), ``root`` (the ClusterCachedResource controller), ``admission`` (one per GVR), ``reader`` (lookups for
-consumers). The CRDs are ``crds/`` here (``deploy/crds`` links to them).
+replication), ``sources`` (which source cluster keeps its wrappers), ``root`` (the ClusterCachedResource
+controller), ``admission`` (one per GVR), ``reader`` (lookups for consumers). The CRDs are ``crds/`` here (``deploy/crds`` links to them).
 """
 
 from __future__ import annotations

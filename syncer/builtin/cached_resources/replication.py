@@ -20,6 +20,11 @@ Differences from kcp, and why:
   racing the informer) is read with a GET and updated, not retried as a create forever.
 - When a cluster joins, the wrappers recorded for it are revisited: a source deleted while nobody replicated it
   (or while the cluster was away) has its wrapper removed even when no event of that cluster would say so.
+- A cluster that leaves the replication takes its queued reconciles with it, so the wrappers of a cluster that
+  no longer serves the GVR (its CRD deleted: its objects went with it) or has left the fleet are swept
+  (``sources.Standing``): when a cluster leaves, and every few seconds (for what happened while nobody
+  replicated). A cluster that merely does not answer keeps its wrappers until it does. kcp has one source and
+  no such case.
 - Reconciles start only once the cache informer has synced, so a replication restarted over a replicated state
   compares every source with its wrapper and writes nothing (a reconcile against a cache still filling would
   take every wrapper for missing and POST it again).
@@ -44,7 +49,7 @@ from controllers.fence import OPEN, Fence
 from controllers.fleet import ClusterRequest, FleetContext, FleetController, FleetLoop
 from controllers.reconcile import Request, Result, TerminalError
 from informers import (
-    GVR, AlreadyExists, ApiClient, ClusterNotFound, Conflict, DeletedFinalStateUnknown, FuncHandler,
+    GVR, AlreadyExists, ApiClient, ApiError, ClusterNotFound, Conflict, DeletedFinalStateUnknown, FuncHandler,
     HandlerRegistration, InformerMetrics, LabelSelector, NotFound, ResourceClient, SharedIndexInformer, deep_copy,
     drop_managed_fields,
 )
@@ -55,10 +60,12 @@ from informers.wait import wait_first
 from .naming import (
     CACHED_OBJECTS, LABEL_SCHEMA, is_wrapper_of_schema, schema, schema_selector, source_of, wrapper_for, wrapper_name,
 )
+from .sources import SourceClusters, SourceReport
 
 _BY_CLUSTER = "cache.kcp.io/source-cluster"  # the cache informer's index: wrappers by source cluster
 _PURGE_CONCURRENCY = 16
 _STALL_RETRY = 30.0  # seconds a request held up by the cache waits at most before it is tried again anyway
+_SWEEP_INTERVAL = 5.0  # seconds between sweeps when no cluster leaves (the state may have changed while we were away)
 # Metadata a wrapper may carry from others (consumers, admins): an update keeps it rather than reverting it.
 _KEPT_METADATA = ("finalizers", "ownerReferences")
 
@@ -70,12 +77,13 @@ class Replication:
     ``cache`` is the client writes to the cache go through (the caller fences it). ``await run()`` once, until
     cancelled; ``await close()`` detaches from the clusters. A changed selector is a new Replication over the same
     cache (its reconciles delete what the old selector admitted and the new one does not), as the root controller
-    does; ``purge()`` after ``close()`` removes every wrapper of the schema.
+    does; ``purge()`` after ``close()`` removes every wrapper of the schema. With ``sources`` (the fleet's source
+    clusters), the wrappers of clusters that do not serve the GVR or are no sources are swept while it runs.
     """
 
     def __init__(self, name: str, gvr: GVR, selector: LabelSelector, identity_hash: str, cache: ApiClient,
                  clients: ClusterClients, *, fence: Fence = OPEN, workers: int = 2,
-                 metrics_registry: CollectorRegistry | None = None) -> None:
+                 metrics_registry: CollectorRegistry | None = None, sources: SourceClusters | None = None) -> None:
         self.name = name
         self.gvr = gvr
         self.selector = selector
@@ -84,7 +92,10 @@ class Replication:
         self._log = logger.bind(replication=name)
         self._objects = ResourceClient(cache, CACHED_OBJECTS, namespaced=False)  # no discovery needed
         self._loop = FleetLoop(f"replication {name}", FleetController(gvr, self._create, workers), clients,
-                               fence=fence, metrics_registry=metrics_registry, on_join=self._joined)
+                               fence=fence, metrics_registry=metrics_registry, on_join=self._joined,
+                               on_leave=lambda _: self._sweep_wanted.set())
+        self._sources = sources
+        self._sweep_wanted = asyncio.Event()
         # Informer series are labelled by GVR only: every replication watches CachedObjects, and a shared registry
         # would let one's informer overwrite (and, as it stops, remove) another's.
         self._wrappers = SharedIndexInformer(
@@ -111,7 +122,10 @@ class Replication:
         self._wrappers.start()
         try:
             await self._wrappers.wait_for_sync()
-            await self._loop.run()
+            async with asyncio.TaskGroup() as tg:
+                if self._sources is not None:
+                    tg.create_task(self._sweeper(), name=f"replication {self.name} sweeper")
+                await self._loop.run()
         finally:
             if self._waiter is not None:
                 self._waiter.cancel()
@@ -141,6 +155,62 @@ class Replication:
         """The fleet loop's status (clusters, queue, reconciles and errors) with the counts."""
         return {**self._loop.status(), **self.counts(), "synced": self.synced()}
 
+    def standings(self) -> dict[str, SourceReport]:
+        """Where each source cluster, and each cluster some wrapper names, stands with the GVR (empty without
+        ``sources``)."""
+        return self._standings(self._wrappers_by_cluster())
+
+    def _standings(self, by_cluster: dict[str, list[Obj]]) -> dict[str, SourceReport]:
+        if self._sources is None:
+            return {}
+        return self._sources.standings(self.gvr, self._loop.status()["clusters"], by_cluster)
+
+    def _wrappers_by_cluster(self) -> dict[str, list[Obj]]:
+        out: dict[str, list[Obj]] = {}
+        for wrapper in self._wrappers.store:
+            request = _source_request(wrapper)
+            if request is not None:
+                out.setdefault(request.cluster, []).append(wrapper)
+        return out
+
+    async def _sweeper(self) -> None:
+        """Sweep when a cluster leaves the replication, and every ``_SWEEP_INTERVAL`` seconds; a sweep that fails
+        (the cache not answering) is simply done again."""
+        while True:
+            await wait_first(self._sweep_wanted.wait(), timeout=_SWEEP_INTERVAL)
+            self._sweep_wanted.clear()
+            try:
+                await self._sweep()
+            except (ApiError, *CONNECTION_ERRORS) as e:
+                self._log.warning("replication {}: sweeping the cached objects of departed clusters failed ({!r}); "
+                                  "trying again", self.name, e)
+
+    async def _sweep(self) -> None:
+        """Delete the wrappers of every cluster whose standing says they go (``Standing.purges``)."""
+        by_cluster = self._wrappers_by_cluster()
+        stale: list[Obj] = []
+        for cluster, report in self._standings(by_cluster).items():
+            wrappers = by_cluster.get(cluster)
+            if wrappers and report.standing.purges:
+                self._log.info("replication {}: removing the {} cached objects of cluster {} ({}: {})", self.name,
+                               len(wrappers), display_name(cluster), report.standing, report.detail)
+                stale += wrappers
+        await self._delete(stale)
+
+    async def _delete(self, wrappers: Iterable[Obj]) -> None:
+        """Delete these wrappers, each only while it is still the one read (a wrapper recreated meanwhile by a
+        reconcile is another object, and stays)."""
+        gate = asyncio.Semaphore(_PURGE_CONCURRENCY)
+
+        async def delete(wrapper: Obj) -> None:
+            async with gate:
+                try:
+                    await self._objects.delete(wrapper["metadata"]["name"], uid=wrapper["metadata"].get("uid"))
+                except (NotFound, Conflict):
+                    pass
+
+        await asyncio.gather(*(delete(w) for w in wrappers))
+
     async def purge(self) -> int:
         """Delete every wrapper of this schema in the cache (of every cluster and identity); returns how many are
         left (0: done; more when one is held by a finalizer or was created meanwhile: call again). Raises while
@@ -150,16 +220,7 @@ class Replication:
             wrappers = await self._objects.list(label_selector=selector)
         except NotFound:
             return 0  # the CachedObject resource itself is gone from the cache: no wrapper can be left
-        gate = asyncio.Semaphore(_PURGE_CONCURRENCY)
-
-        async def delete(name: str) -> None:
-            async with gate:
-                try:
-                    await self._objects.delete(name)
-                except NotFound:
-                    pass
-
-        await asyncio.gather(*(delete(w["metadata"]["name"]) for w in wrappers))
+        await self._delete(wrappers)
         left = len(await self._objects.list(label_selector=selector))
         self._log.info("replication {}: purged {} wrappers of {}, {} left", self.name, len(wrappers) - left,
                        self.gvr, left)

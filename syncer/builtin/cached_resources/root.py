@@ -5,8 +5,17 @@ Per ClusterCachedResource (on the management cluster) it validates the GVR (serv
 and scope go into the ``cache.kcp.io/resource-kind``/``-scope`` annotations), resolves the identity (the referenced
 Secret, or one it generates; the hash goes into the status and onto every wrapper), and runs a ``Replication``
 registered as a cluster handler, so replication follows the GVR into every source cluster that serves it and out
-of every one that stops. Status: phase (Initializing, Ready, Deleting, Deleted), conditions ``ResourceValid``,
-``IdentityValid``, ``ReplicationStarted`` and ``resourceCounts`` read from the replication's informers.
+of every one that stops. Status: phase (Initializing, Ready, Conflict, Deleting, Deleted), conditions
+``ResourceValid``, ``IdentityValid``, ``ReplicationStarted``, ``SourcesReachable`` (which source cluster serves
+the GVR, which does not answer and keeps its wrappers, which does not serve it or has left and loses them: see
+``sources``) and ``resourceCounts`` read from the replication's informers. ``Ready`` means replicating: the GVR
+is served somewhere and the caches have synced.
+
+One ClusterCachedResource per GVR: the admission webhook turns away most duplicates, but two created at the same
+moment both pass it (admission cannot be atomic), so this controller decides. The oldest (creationTimestamp, then
+name) replicates; every other one for its GVR gets phase ``Conflict`` naming it and replicates nothing, and does
+not purge when deleted (the wrappers are the winner's). Once the winner is gone (after its own delete flow), the
+next oldest takes over.
 
 Differences from kcp, and why:
 
@@ -41,6 +50,7 @@ from informers.selector import LabelSelector, SelectorError
 
 from .naming import ANNOTATION_RESOURCE_KIND, ANNOTATION_RESOURCE_SCOPE, CLUSTER_CACHED_RESOURCES, FINALIZER
 from .replication import Replication
+from .sources import SourceClusters, summary
 
 SECRETS = GVR("", "v1", "secrets")
 CRDS_GVR = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -101,7 +111,8 @@ class CachedResources:
             await install_crds(scope.management)
         informer = SharedIndexInformer(scope.management, CLUSTER_CACHED_RESOURCES, transform=drop_managed_fields)
         controller = (Controller(self.name, self._reconcile, workers=1, finalizer=FINALIZER, finalize=self._finalize)
-                      .for_(informer))
+                      .for_(informer)
+                      .watches(informer, lambda ccr: _rivals(informer.lister.list(), ccr)))
         ctx = ControllerContext(self.name, {CLUSTER_CACHED_RESOURCES: informer}, client=scope.management,
                                 fence=scope.fence)
         informer.start()
@@ -124,6 +135,17 @@ class CachedResources:
             await self._stop_child(req.name)
             await self._write_status(rc, ccr, "Initializing", conditions, "", None)
             return None
+        winner = _winner(rc.lister().list(), gvr)
+        if winner is not None and winner["metadata"]["name"] != req.name:
+            await self._stop_child(req.name)
+            other = winner["metadata"]["name"]
+            leaving = " (being deleted; this one takes over once it is gone)" if _deleting(winner) else ""
+            message = (f"ClusterCachedResource {other!r} is older and replicates {gvr}{leaving}; at most one "
+                       "ClusterCachedResource per resource, so this one replicates nothing")
+            conditions["ResourceValid"] = (False, "Conflict", message)
+            conditions["ReplicationStarted"] = (False, "Conflict", f"{other!r} replicates {gvr}")
+            await self._write_status(rc, ccr, "Conflict", conditions, "", None)
+            return Result(requeue_after=REFRESH)
         served = self._served(gvr)
         conditions["ResourceValid"] = ((True, "Served", f"{served[0]}, {'Namespaced' if served[1] else 'Cluster'}")
                                        if served else (False, "NotServed", f"{gvr} is not served by any source "
@@ -141,7 +163,8 @@ class CachedResources:
         synced = child.replication.synced()
         conditions["ReplicationStarted"] = ((True, "Replicating", "") if synced else
                                             (False, "Starting", "waiting for the source and cache caches to sync"))
-        phase = "Ready" if synced else "Initializing"
+        conditions["SourcesReachable"] = summary(gvr, child.replication.standings())
+        phase = "Ready" if synced and served else "Initializing"
         await self._write_status(rc, ccr, phase, conditions, identity, child.replication.counts())
         return Result(requeue_after=REFRESH)
 
@@ -153,7 +176,8 @@ class CachedResources:
         child = self._children.get(req.name)
         gvr, selector, _ = _parse_spec(ccr.get("spec") or {})
         await self._stop_child(req.name)
-        if gvr is not None:
+        winner = _winner(rc.lister().list(), gvr) if gvr is not None else None
+        if gvr is not None and (winner is None or winner["metadata"]["name"] == req.name):  # a loser's are not its own
             purger = child.replication if child is not None else self._replication(
                 req.name, gvr, selector or LabelSelector.parse(""), "")
             try:
@@ -172,7 +196,8 @@ class CachedResources:
     def _replication(self, name: str, gvr: GVR, selector: LabelSelector, identity: str) -> Replication:
         scope = self._require_scope()
         return Replication(name, gvr, selector, identity, scope.management, scope.registry.clients,
-                           fence=scope.fence, workers=self.options.workers)
+                           fence=scope.fence, workers=self.options.workers,
+                           sources=SourceClusters(scope.registry, self.options.sources))
 
     async def _ensure_child(self, name: str, gvr: GVR, selector: LabelSelector, identity: str) -> _Child:
         signature = (str(gvr), str(selector), identity)
@@ -292,6 +317,27 @@ async def install_crds(client: ApiClient) -> None:
 
 def _status(ccr: dict[str, Any]) -> dict[str, Any]:
     return dict(ccr.get("status") or {})
+
+
+def _deleting(ccr: Any) -> bool:
+    return bool(ccr["metadata"].get("deletionTimestamp"))
+
+
+def _winner(ccrs: list[Any], gvr: GVR) -> Any | None:
+    """The ClusterCachedResource that replicates ``gvr``: the oldest of those naming it (by creationTimestamp,
+    then name), being deleted or not (a winner being deleted still purges; the next one waits for it)."""
+    rivals = [c for c in ccrs if _parse_spec(c.get("spec") or {})[0] == gvr]
+    return min(rivals, key=lambda c: (c["metadata"].get("creationTimestamp") or "", c["metadata"]["name"]),
+               default=None)
+
+
+def _rivals(ccrs: list[Any], ccr: Any) -> list[Request]:
+    """``ccr`` and every other ClusterCachedResource for its GVR: a change of one may change the winner."""
+    gvr = _parse_spec(ccr.get("spec") or {})[0]
+    names = {ccr["metadata"]["name"]}
+    if gvr is not None:
+        names |= {c["metadata"]["name"] for c in ccrs if _parse_spec(c.get("spec") or {})[0] == gvr}
+    return [Request(name) for name in sorted(names)]
 
 
 def _parse_spec(spec: dict[str, Any]) -> tuple[GVR | None, LabelSelector | None, str]:
