@@ -410,6 +410,22 @@ async def test_configurations_are_labelled_and_only_ours_are_touched(services, c
             await rc.get("ours")
 
 
+async def test_only_the_declared_kinds_get_a_configuration(services, client: ApiClient) -> None:
+    # Validating webhooks only: no MutatingWebhookConfiguration of nothing but the probe; one of ours left by
+    # plugins that declared mutating webhooks before goes.
+    mutating = ResourceClient(client, MUTATING, namespaced=False)
+    await mutating.create({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                           "metadata": {"name": "validating-only", "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+                           "webhooks": []})
+    service = await services([Counted("only-validating").webhook], configuration_name="validating-only")
+    with pytest.raises(NotFound):
+        await mutating.get("validating-only")
+    names = [w["name"] for w in (await ResourceClient(client, VALIDATING, namespaced=False).get("validating-only"))
+             ["webhooks"]]
+    assert names == ["only-validating.configmaps.example.com", PROBE_NAME]
+    assert [w.kind for w in service.configurations.probes] == ["validating"]
+
+
 # -- mutual TLS with the API server ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, Path]]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import base64
 import secrets
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from controllers import retry_on_conflict
 from informers import GVR, ApiClient, ApiError, Conflict, NotFound, ResourceClient
@@ -76,8 +76,12 @@ class ManagedConfigurations:
             "object_selector": {"matchLabels": {PROBE_LABEL: name}},
             "namespace_selector": {"matchLabels": {"kubernetes.io/metadata.name": probe_namespace}},
             "rules": [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])]}
-        self.probes: list[Webhook] = [ValidatingWebhook(handler=self._probe_handler("validating"), **probe),
-                                      MutatingWebhook(handler=self._probe_handler("mutating"), **probe)]
+        # Only the kinds the plugins declare get an object (and a probe): a configuration of nothing but our probe
+        # would be one more object for the API server to call, and for an operator to wonder about.
+        self._kinds = [kind for kind in _KINDS if any(w.kind == kind for w in webhooks)] or list(_KINDS)
+        self.probes: list[Webhook] = [
+            (ValidatingWebhook if kind == "validating" else MutatingWebhook)(handler=self._probe_handler(kind), **probe)
+            for kind in self._kinds]
         self.webhooks = [*webhooks, *self.probes]
 
     def url(self, webhook: Webhook) -> str:
@@ -90,7 +94,10 @@ class ManagedConfigurations:
         written = []
         self._applied = True
         for kind, (kind_name, gvr) in _KINDS.items():
-            action = await retry_on_conflict(lambda: self._write(kind, kind_name, gvr, ca_bundle))
+            if kind in self._kinds:
+                action = await retry_on_conflict(lambda: self._write(kind, kind_name, gvr, ca_bundle))
+            else:  # left by a version of the plugins that declared webhooks of this kind
+                action = "deleted" if await self._delete(gvr, lambda meta: True) else ""
             if action:
                 written.append(f"{action} {kind_name} {self.name}")
         return written
@@ -115,24 +122,30 @@ class ManagedConfigurations:
     @property
     def called(self) -> bool:
         """Whether the API server called both probes with the configurations last written."""
-        return self._seen == set(_KINDS)
+        return self._seen == set(self._kinds)
 
     async def remove(self) -> list[str]:
         """Delete the objects this process wrote last; returns what was deleted."""
-        removed: list[str] = []
         if not self._applied:
-            return removed
-        for kind_name, gvr in _KINDS.values():
-            client = ResourceClient(self.client, gvr, namespaced=False)
-            try:
-                current = await client.get(self.name)
-                meta = current["metadata"]
-                if _ours(meta) and (meta.get("annotations") or {}).get(WRITER_ANNOTATION) == self.identity:
-                    await client.delete(self.name, resource_version=meta["resourceVersion"])
-                    removed.append(f"{kind_name} {self.name}")
-            except (NotFound, Conflict):
-                pass  # gone already, or rewritten by another replica since: theirs now
-        return removed
+            return []
+
+        def written_here(meta: dict[str, Any]) -> bool:
+            return (meta.get("annotations") or {}).get(WRITER_ANNOTATION) == self.identity
+
+        return [f"{kind_name} {self.name}" for kind_name, gvr in _KINDS.values()
+                if await self._delete(gvr, written_here)]
+
+    async def _delete(self, gvr: GVR, which: Callable[[dict[str, Any]], bool]) -> bool:
+        """Delete our object of ``gvr`` if ``which(metadata)`` says so; whether it was deleted."""
+        client = ResourceClient(self.client, gvr, namespaced=False)
+        try:
+            meta = (await client.get(self.name))["metadata"]
+            if _ours(meta) and which(meta):
+                await client.delete(self.name, resource_version=meta["resourceVersion"])
+                return True
+        except (NotFound, Conflict):
+            pass  # gone already, or rewritten by another replica since: theirs now
+        return False
 
     # -- helpers -----------------------------------------------------------------------------------------
     def _probe_handler(self, kind: str) -> Handler:
