@@ -79,13 +79,14 @@ def test_example_webhook_plugin_loads_and_checks_its_settings() -> None:
      "syncer_stores() returned an item that is no use: 's': recover must be an 'async def' method"),
     ("class R:\n    async def run(self): pass\ndef syncer_runnables(s):\n    return [R()]\n",
      "syncer_runnables() returned an item that is no use: R has no 'name' string"),
-    ("def syncer_runnables(s):\n    raise RuntimeError('no')\n", "syncer_runnables() raised RuntimeError: no"),
+    ("def syncer_runnables(s):\n    raise RuntimeError('no')\n",
+     "syncer_runnables() raised RuntimeError: no (@PLUGIN@:2)"),
 ])
 def test_bad_extension_hooks_are_plugin_errors(tmp_path: Path, hooks: str, message: str) -> None:
     (tmp_path / "bad.py").write_text(hooks)
     with pytest.raises(PluginError) as e:
         load_plugins([str(tmp_path / "bad.py")], entry_points=False)
-    assert str(e.value) == f"plugin {str(tmp_path / 'bad.py')!r}: {message}"
+    assert str(e.value) == f"plugin {str(tmp_path / 'bad.py')!r}: {message.replace('@PLUGIN@', str(tmp_path / 'bad.py'))}"
 
 
 def test_the_same_webhook_store_or_runnable_in_two_plugins_is_refused(tmp_path: Path) -> None:
