@@ -1,10 +1,11 @@
 """Semantic equality of objects: what the server would store the same, compared as equal.
 
 apimachinery's ``equality.Semantic.DeepEqual`` on dicts: a key whose value is an empty map, an empty list or
-null equals a missing key, at any depth (so a map of nothing but such values is empty too), because the server drops such fields (``omitempty``) and returns the
-object without them. So a ``mutate`` that sets ``labels = {}`` compares equal to the stored object instead of
-sending a no-op write on every reconcile. Unlike Go, where typed fields say which zero values are omitted, an
-empty string, 0 or false is a value here: without the schema they cannot be told from data.
+null equals a missing key, at any depth (so a map of nothing but such values is empty too), because the server
+drops such fields (``omitempty``) and returns the object without them. So a ``mutate`` that sets
+``labels = {}`` compares equal to the stored object instead of sending a no-op write on every reconcile. Unlike
+Go, where typed fields say which zero values are omitted, an empty string, 0 or false is a value here: without
+the schema they cannot be told from data.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ _failures: "weakref.WeakKeyDictionary[WorkQueue[Hashable], dict[Hashable, tuple[
 
 def _signature(e: BaseException) -> str:
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    return f"{type(e).__qualname__}: {e} at {frame.filename}:{frame.lineno}" if frame else f"{type(e).__qualname__}: {e}"
+    where = f" at {frame.filename}:{frame.lineno}" if frame else ""
+    return f"{type(e).__qualname__}: {e}{where}"
 
 
 def _log_failure(log: Logger, queue: WorkQueue[T], item: T, e: Exception, level: str, what: str) -> None:

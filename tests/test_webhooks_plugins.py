@@ -86,7 +86,8 @@ def test_bad_extension_hooks_are_plugin_errors(tmp_path: Path, hooks: str, messa
     (tmp_path / "bad.py").write_text(hooks)
     with pytest.raises(PluginError) as e:
         load_plugins([str(tmp_path / "bad.py")], entry_points=False)
-    assert str(e.value) == f"plugin {str(tmp_path / 'bad.py')!r}: {message.replace('@PLUGIN@', str(tmp_path / 'bad.py'))}"
+    path = str(tmp_path / "bad.py")
+    assert str(e.value) == f"plugin {path!r}: {message.replace('@PLUGIN@', path)}"
 
 
 def test_the_same_webhook_store_or_runnable_in_two_plugins_is_refused(tmp_path: Path) -> None:
