@@ -21,7 +21,7 @@ import asyncio
 import time
 import traceback
 import weakref
-from typing import TYPE_CHECKING, Awaitable, Callable, Hashable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, TypeVar
 
 from .context import ReconcileStats
 from .fence import Fence
@@ -36,7 +36,7 @@ T = TypeVar("T", bound=Hashable)
 
 
 # Per queue (one per controller, shared by its workers), per item: the last failure's signature and its count.
-_failures: "weakref.WeakKeyDictionary[WorkQueue[Hashable], dict[Hashable, tuple[str, int]]]" = \
+_failures: "weakref.WeakKeyDictionary[WorkQueue[Any], dict[Hashable, tuple[str, int]]]" = \
     weakref.WeakKeyDictionary()
 
 

@@ -29,9 +29,11 @@ from loguru import logger
 from controllers.cluster import display_name
 from informers import ApiClient, ApiError, CredentialError, DiscoveryClient, ResourceFilter
 
-from .logs import setup_logging
-from .plugins import PluginError, load_plugins
-from .settings import SETTINGS_ENV, Settings, SettingsError, load_settings, settings_reference
+from .logs import logs_after, setup_logging
+from .plugins import PluginError, Plugins, load_plugins
+from .settings import (
+    SETTINGS_ENV, Settings, SettingsError, env_var, load_settings, origin_of, settings_reference,
+)
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -90,7 +92,7 @@ def _contexts(kubeconfig: str) -> list[str] | None:
         return None
 
 
-def _plugins(settings: Settings) -> dict[str, Any]:
+def _plugins(settings: Settings) -> Plugins:
     # Plugins named by dotted path are usually in the working directory (like `python -m` does).
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -279,7 +281,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    setup_logging(settings.log_level, settings.log_format)
+    with logs_after(settings.log_level, settings.log_format):
+        return _check_config(args, settings)
+
+
+def _check_config(args: argparse.Namespace, settings: Settings) -> int:
+    """check-config's checks and report: the settings as JSON (alone with ``--json``), then what the plugins
+    declare, sharding and credentials; warnings follow (``logs_after``)."""
     controllers = _plugins(settings)
     host = None if args.local else _client(settings).host
     rules = ResourceFilter(settings.include, settings.exclude)
@@ -289,16 +297,23 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             if why:
                 logger.warning("controller {} requires {}, which the settings exclude ({}): it would wait forever; "
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
-    fleet = sorted(getattr(controllers, "fleet", {}))
-    components = sorted(c.name for c in getattr(controllers, "components", ()))
+    fleet = sorted(controllers.fleet)
+    components = sorted(c.name for c in controllers.components)
     _refuse_fleet_with_sharding(settings, controllers)
-    print(json.dumps(settings.masked(), indent=2, default=str))
-    print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}" +
-          (f"; {len(fleet)} fleet controller(s): {', '.join(fleet)}" if fleet else "") +
-          (f"; {len(components)} fleet component(s): {', '.join(components)}" if components else ""))
     if (fleet or components) and not settings.clusters.enabled:
         logger.warning("fleet controller(s) {} run only in multi-cluster mode; set [clusters] enabled = true",
                        ", ".join(fleet + components))
+    print(json.dumps(settings.masked(), indent=2, default=str))
+    if args.json:
+        return 0
+    print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}" +
+          (f"; {len(fleet)} fleet controller(s): {', '.join(fleet)}" if fleet else "") +
+          (f"; {len(components)} fleet component(s): {', '.join(components)}" if components else ""))
+    for what, names in (("webhook", [w.path for w in controllers.webhooks]),
+                        ("store", [s.name for s in controllers.stores]),
+                        ("runnable", [r.name for r in controllers.runnables])):
+        if names:
+            print(f"  {len(names)} {what}(s): {', '.join(sorted(names))}")
     sh = settings.sharding
     if sh.enabled:
         print(f"sharding: the {sh.unit_kind(settings.clusters.enabled)} are spread over the replicas of group "
@@ -342,10 +357,12 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    url = args.url
+    url, origin = args.url, "--url"
     if not url:
-        host, _, port = _settings(args).http_bind.rpartition(":")
+        settings = _settings(args)
+        host, _, port = settings.http_bind.rpartition(":")
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/status"
+        origin = _http_bind_origin(settings)
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             doc = json.load(resp)
@@ -363,7 +380,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         fleet += _shard_tables(doc["sharding"]) if doc.get("sharding") is not None else []
         fleet += [_webhook_table(doc["webhooks"])] if doc.get("webhooks") else []
     except (urllib.error.URLError, OSError) as e:
-        print(f"error: no syncer answering at {url}: {e}", file=sys.stderr)
+        print(f"error: no syncer answering at {url} ({origin}): {e}", file=sys.stderr)
         return 1
     except (ValueError, KeyError, TypeError) as e:  # something else answers there
         print(f"error: {url} did not answer with a syncer status ({type(e).__name__}: {e})", file=sys.stderr)
@@ -379,6 +396,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         print()
         _table([("BACKGROUND TASK", "STATE", "RESTARTS", "LAST ERROR"), *troubled])
     return 0
+
+
+def _http_bind_origin(settings: Settings) -> str:
+    """Where the address ``status`` asks came from, so that a user whose sidecar runs elsewhere sees why."""
+    origin = origin_of("http_bind", settings.source or None)
+    if origin:
+        return f"http_bind from {origin}"
+    where = f"the settings file {settings.source!r} does not set it" if settings.source else "no settings file"
+    return (f"http_bind's default: {where}, nor {env_var('http_bind')}; give `status` the settings `run` was "
+            f"given (--settings or ${SETTINGS_ENV}, and the environment), or --url")
 
 
 def _fleet_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
@@ -498,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--local", action="store_true",
                        help="the settings are for `run --local`: skip the credentials, a local control plane brings "
                             "its own")
+    check.add_argument("--json", action="store_true", help="print the effective settings as JSON and nothing else")
     check.set_defaults(func=cmd_check_config)
     with_settings(sub.add_parser("discover", help="list served GVRs and whether they would be watched")
                   ).set_defaults(func=cmd_discover)

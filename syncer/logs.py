@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 from loguru import logger
@@ -57,3 +58,27 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     logging.basicConfig(handlers=[_Intercept()], level=_STDLIB_LEVELS.get(level, logging.INFO), force=True)
     for name in _QUIET:
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
+
+
+@contextlib.contextmanager
+def logs_after(level: str = "INFO", fmt: str = "text") -> Iterator[None]:
+    """Configure logging as ``setup_logging`` does, but hold back what the block logs until it ends: a command
+    whose output is a document (``check-config``) shows its warnings after it, not in the middle of it."""
+    held: list[Any] = []
+    logger.remove()
+    logger.add(held.append, level=level.upper(), format="{message}")
+    try:
+        yield
+    finally:
+        setup_logging(level, fmt)
+        for message in held:
+            record = message.record
+            logger.patch(_as_at(record)).opt(exception=record["exception"]).log(record["level"].name,
+                                                                                record["message"])
+
+
+def _as_at(held: Any) -> Any:
+    """A loguru patcher that gives a replayed record the place and extras of the ``held`` one."""
+    def patch(record: Any) -> None:
+        record.update(name=held["name"], function=held["function"], line=held["line"], extra=held["extra"])
+    return patch

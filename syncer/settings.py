@@ -521,10 +521,20 @@ _CHECKS: dict[str, _Check] = {
 _TABLES = ("leader_election", "webhooks", "clusters", "sharding")  # settings that are tables of settings (checked key by key above)
 
 
-def _env_var(name: str) -> str:
+def env_var(name: str) -> str:
     """The environment variable that sets a (dotted) setting: ``leader_election.enabled`` ->
     ``SYNCER_LEADER_ELECTION__ENABLED``."""
     return f"{ENV_PREFIX}_{name.upper().replace('.', '__')}"
+
+
+def origin_of(name: str, path: str | None) -> str | None:
+    """Where setting ``name`` is given when read with the settings file ``path``: its environment variable, the
+    file, or None (its default)."""
+    if env_var(name) in os.environ:
+        return f"environment variable {env_var(name)}"
+    if path is not None and name in {_setting_name(k) for k in _flatten(_read_toml(path))}:
+        return f"settings file {path!r}"
+    return None
 
 
 def _setting_name(key: str) -> str:
@@ -585,7 +595,7 @@ def settings_reference() -> str:
         done[name] = check(default, done)
         shown = _seconds(default) if isinstance(default, float) else json.dumps(
             list(default) if isinstance(default, tuple) else default)
-        rows.append(f"| `{name}` | `{shown}` | {expect} | `{_env_var(name)}` |")
+        rows.append(f"| `{name}` | `{shown}` | {expect} | `{env_var(name)}` |")
     return "\n".join(rows) + "\n"
 
 
@@ -628,12 +638,12 @@ class _Origins:
             return f"fix the --{name.replace('_', '-')} option"
         if name in self.env:
             return f"fix environment variable {self.env[name]} (it overrides the settings file)"
-        return f"set it in the settings file or in {_env_var(name)}"
+        return f"set it in the settings file or in {env_var(name)}"
 
 
 def _service_links() -> frozenset[str]:
     """The ``SYNCER_*`` variables that Kubernetes set for a Service, not the user for a setting."""
-    own = {_env_var(name) for name in _CHECKS}
+    own = {env_var(name) for name in _CHECKS}
     found = frozenset(k for k in os.environ if k not in own and _SERVICE_LINK.fullmatch(k))
     for name in sorted(found):
         logger.debug("ignoring environment variable {}: a Service's link variable, not a setting", name)
