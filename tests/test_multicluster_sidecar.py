@@ -37,6 +37,7 @@ from syncer.testing.pytest_plugin import kube_client
 
 from .helpers import CONFIGMAPS, eventually
 from .test_examples import wait_until
+from .test_multicluster import created, past
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = "/api/v1/namespaces/{}/secrets"
@@ -143,7 +144,9 @@ async def test_sidecar_runs_controllers_per_member_and_fleet_controllers(
         assert sorted(watchers.running.values()) == [workload.url, workload.url]
         await eventually(lambda: fleet()["clusters"] == ["one", "two"], 20, "both members in the fleet controller")
         assert members()["broken"]["state"] == "refused" and not members()["broken"]["ready"]
-        # Created seconds after "one": younger, so "one" keeps the name although "dup" sorts before it.
+        # Created in a later second than "one": younger, so "one" keeps the name although "dup" sorts before it.
+        one_created = await created(api, namespace, "one")
+        await eventually(lambda: past(one_created), 5, "a second younger than secret one")
         await put_member(api, namespace, "dup", data, annotations={"kube-syncer.io/cluster-name": "one"})
         await eventually(lambda: bool(syncer.status()["clusters"]["conflicts"]), 10, "the conflict")
         [conflict] = syncer.status()["clusters"]["conflicts"]
