@@ -510,13 +510,16 @@ async def test_a_contested_name_goes_to_the_oldest_secret_across_restarts(
         await api.request("DELETE", f"/api/v1/namespaces/{ns2}")
 
 
-async def test_readiness_follows_the_watches(api: ApiClient, fleet_ns: str, control_plane_factory: Any) -> None:
+@pytest.mark.parametrize("probe_interval", [3600.0, 5.0], ids=["watches-only", "after-a-probe-failure"])
+async def test_readiness_follows_the_watches(api: ApiClient, fleet_ns: str, control_plane_factory: Any,
+                                             probe_interval: float) -> None:
     """Issue 21 item 8: a member whose apiserver goes away is not Connected (and not ready) as soon as its watches
-    fail, and is again as soon as they watch again; the /version probe is made too rare here to play a part.
-    ``state`` never says ready while ``ready`` is false."""
+    fail, and is again as soon as they watch again, not at the next /version probe: with the probe too rare to
+    play a part, and after the probe has failed during the outage. ``state`` never says ready while ``ready`` is
+    false."""
     down = control_plane_factory()
     starts = Starts(CONFIGMAPS)
-    registry = ClusterRegistry(api, options(fleet_ns, probe_interval=3600), required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, options(fleet_ns, probe_interval=probe_interval), required=[CONFIGMAPS])
     per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
     await registry.register_cluster_handler(per_cluster)
     await registry.start()
@@ -536,11 +539,15 @@ async def test_readiness_follows_the_watches(api: ApiClient, fleet_ns: str, cont
         await eventually(lambda: sample() == ("ready", True, "True") and len(starts.running) == 1, 30, "ready")
         await asyncio.to_thread(down.stop_apiserver)
         await eventually(lambda: sample() == ("degraded", False, "False"), 30, "not Connected, not ready")
+        if probe_interval < 60:
+            await eventually(lambda: registry._members["down"].probe_failed_at is not None, 2 * probe_interval + 10,
+                             "the probe to fail during the outage")
         await asyncio.to_thread(down.start_apiserver)
         back = time.monotonic()
         await eventually(watching, 30, "the watches to work again")
         watch_seconds = time.monotonic() - back
-        await eventually(lambda: sample() == ("ready", True, "True"), 30, "Connected and ready again")
+        assert sample()[2] == "True", "Connected as soon as the watches work"
+        await eventually(lambda: sample() == ("ready", True, "True"), 30, "ready again")
         print(f"watching again {watch_seconds:.1f}s, ready {time.monotonic() - back:.1f}s after the apiserver")
         assert len(starts.running) == 1
         assert all((state == "ready") == ready for state, ready in shown), sorted(set(shown))
