@@ -674,7 +674,8 @@ class ClusterRegistry:
             m.probe_failed_at, m.watch_failed = None, False
 
     def _conditions(self, m: _Member) -> list[Condition]:
-        """The member's conditions, Discovered and Synced made live once it is engaged."""
+        """The member's conditions, made live from its watches and discovery once it is engaged (read by
+        ``status()`` and the metrics, so both show what the informers see at that moment)."""
         conditions = m.conditions
         if m.cluster is not None and m.ctx is not None and not m.ctx.cancelled():
             self._follow_watches(m, m.cluster)
