@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkab
 from loguru import logger
 
 from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory
+from informers.client import CONNECTION_ERRORS
 
 from .fence import OPEN, Fence
 
@@ -87,6 +88,15 @@ class Cluster:
         synced, pending = self.factory.informers()
         waiting = set(pending)
         return sorted(g for g in required if g in waiting or (g in synced and synced[g].last_error is not None))
+
+    def unreachable(self) -> tuple[GVR, Exception] | None:
+        """A synced informer whose last list or watch failed to reach the server, with that error (the first by
+        GVR), or None: the cluster's connection as its watches see it, as soon as they see it."""
+        synced, _ = self.factory.informers()
+        for gvr, inf in sorted(synced.items()):
+            if isinstance(inf.last_error, CONNECTION_ERRORS):
+                return gvr, inf.last_error
+        return None
 
     def __repr__(self) -> str:
         return f"Cluster({display_name(self.name)!r} from {self.source})"

@@ -20,13 +20,22 @@ Differences from the anchors, and why:
 - A changed kubeconfig (rotated credentials, a new endpoint) brings a second connection up and synced first; only
   then are the handlers told (``add_cluster`` again, same name), and the old connection is stopped after. An
   identical one (by hash) changes nothing. skv2 tears the cluster down first, leaving a gap in reconciling.
-- Two Secrets naming the same cluster: the first keeps it, the second is reported as a conflict (status, log)
-  until the first goes; nothing is merged or silently overwritten.
+- Two Secrets naming the same cluster: the oldest (``creationTimestamp``, then namespace/name) holds it, the
+  others are reported as conflicts (status, log); nothing is merged or silently overwritten. skv2 keeps whichever
+  event came first, so which cluster a name means depends on process history: after a restart, a failover or a
+  handover of the cluster to another replica, list order decides, and the name can silently point at another
+  cluster. Here every replica and every restart computes the same holder from the Secrets alone; when the
+  holder changes (it goes, or an older Secret starts naming the cluster) that is a rotation to its kubeconfig.
+  Secrets are processed only once their informers have listed (or ``sync_timeout`` passed), so a restart does
+  not first connect to the cluster of a Secret that an older one, listed a moment later, overrules.
 - The kubeconfig is untrusted input (``informers.untrusted_kubeconfig``): exec plugins only from an allow-list,
   no auth providers, no file paths, and never logged. A refused or malformed one is the member's condition, not
   a crash, and is not retried until the Secret changes.
 - Conditions (Connected, Discovered, Synced, each with the last error) per member, in ``status()`` and as the
-  metric ``syncer_cluster_condition{cluster,condition}``.
+  metric ``syncer_cluster_condition{cluster,condition}``. Once a member is engaged they follow its informers:
+  Connected turns false as soon as a watch fails to reach the server and true as soon as the watches work again
+  (the ``/version`` probe only decides for a member whose watches say nothing), and ``state`` is ``ready`` exactly
+  while every condition holds (``degraded`` when one does not).
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import binascii
 import enum
 import re
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -65,6 +74,7 @@ from .fence import OPEN, Fence, fenced
 from .workqueue import QueueShutDown, WorkQueue
 
 SECRETS = GVR("", "v1", "secrets")
+_BY_CLUSTER = "cluster-name"  # the index of the Secret informers: the cluster name a Secret gives
 DEFAULT_LABEL_SELECTORS = ("kube-syncer.io/kubeconfig=true", "sigs.k8s.io/multicluster-runtime-kubeconfig=true")
 DEFAULT_SECRET_TYPES = ("solo.io/kubeconfig",)
 NAME_ANNOTATION = "kube-syncer.io/cluster-name"
@@ -100,6 +110,7 @@ class MemberState(enum.StrEnum):
     DISCOVERING = "discovering"
     SYNCING = "syncing"
     READY = "ready"
+    DEGRADED = "degraded"  # engaged (its controllers run), but a condition is false: unreachable, not synced
     RETRYING = "retrying"
     REFUSED = "refused"
     STOPPING = "stopping"
@@ -120,6 +131,10 @@ class _Member:
         self.state = MemberState.CONNECTING
         self.conditions = {t: Condition(t) for t in ConditionType}
         self.attempts = 0
+        # The client's recoveries before the probe request that failed: a later success of any of its requests
+        # (a watch reopened) means the server answers again. None while the probe has nothing against it.
+        self.probe_failed_at: int | None = None
+        self.watch_failed = False  # Connected is false because a watch could not reach the server
         self.task: asyncio.Task[None] | None = None
         self.client: ApiClient | None = None
         self.factory: DiscoveringDynamicSharedInformerFactory | None = None
@@ -141,7 +156,6 @@ class _Conflict:
     cluster: str
     holder: str
     message: str
-    logged: bool = field(default=False)
 
 
 class ClusterRegistry:
@@ -175,7 +189,7 @@ class ClusterRegistry:
         self._supervisor = supervisor or Supervisor(name)
         self._handlers: list[ClusterHandler] = []
         self._members: dict[str, _Member] = {}  # cluster name -> its current member
-        self._by_secret: dict[str, str] = {}  # secret key -> the cluster name it registered
+        self._claims: dict[str, str] = {}  # secret key -> the (valid) cluster name it names, held or not
         self._conflicts: dict[str, _Conflict] = {}  # secret key -> why it is not registered
         self._tasks: set[asyncio.Task[None]] = set()
         self._leaving: dict[str, set[asyncio.Task[None]]] = {}  # cluster name -> its cancelled members' tasks
@@ -193,6 +207,7 @@ class ClusterRegistry:
     def _secret_informer(self, namespace: str | None, selector: str | None, type: str | None) -> SharedIndexInformer:
         inf = SharedIndexInformer(self.management, SECRETS, namespace=namespace, label_selector=selector,
                                   field_selector=f"type={type}" if type else None, transform=drop_managed_fields)
+        inf.add_indexers({_BY_CLUSTER: lambda obj: [self._cluster_name(obj)]})
         inf.add_event_handler(FuncHandler(lambda obj, _initial: self._enqueue(obj),
                                           lambda _old, new: self._enqueue(new), self._enqueue), name=self.name)
         return inf
@@ -242,7 +257,7 @@ class ClusterRegistry:
 
     def candidates(self) -> set[str]:
         """Every cluster named by a Secret (or the local one, if included), engaged here or not."""
-        names = set(self._by_secret.values()) | set(self._members)
+        names = set(self._claims.values()) | set(self._members)
         return names | {LOCAL_CLUSTER} if self.options.include_local else names
 
     async def engage(self, name: str) -> None:
@@ -250,8 +265,7 @@ class ClusterRegistry:
         been told (while it is retrying, this waits)."""
         if name == LOCAL_CLUSTER and self.options.include_local and name not in self._members:
             self._add(_Member(LOCAL_CLUSTER, "local", None))
-        for key in sorted(k for k, n in self._by_secret.items() if n == name):
-            self._sync(key)
+        self._settle(name)
         # Until the member registered under the name is up (one replacing it meanwhile counts), or none is.
         while (member := self._members.get(name)) is not None and not member.up.is_set():
             await wait_first(member.up.wait(), timeout=1.0)
@@ -287,7 +301,8 @@ class ClusterRegistry:
 
     def _member_status(self, m: _Member) -> dict[str, Any]:
         conditions = self._conditions(m)
-        return {"source": m.source, "state": m.state.value, "ready": all(c.status for c in conditions),
+        state = _shown_state(m, conditions)
+        return {"source": m.source, "state": state.value, "ready": state is MemberState.READY,
                 "attempts": m.attempts, "conditions": [c.as_dict() for c in conditions]}
 
     async def start(self) -> None:
@@ -317,6 +332,12 @@ class ClusterRegistry:
         self._queue.add(obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj))
 
     async def _work(self, _: Any) -> None:
+        # Holders are decided on whole lists: see the module docstring.
+        timeout = self.options.sync_timeout
+        listed = await asyncio.gather(*(inf.wait_for_sync(timeout) for inf in self._informers))
+        if not all(listed):
+            self._log.warning("kubeconfig secrets not listed within {:g}s ({}); registering those listed so far",
+                              timeout, ", ".join(_describe(inf) for inf, ok in zip(self._informers, listed) if not ok))
         while True:
             try:
                 key = await self._queue.get()
@@ -342,58 +363,88 @@ class ClusterRegistry:
     def _sync(self, key: str) -> None:
         """Bring the members in line with the Secret ``key`` as the cache has it now (never an event's payload)."""
         secret = self._find(key)
-        previous = self._by_secret.get(key)
+        previous = self._claims.pop(key, None)
+        conflict = self._conflicts.pop(key, None)
         name = None
         if secret is not None:
-            meta = secret["metadata"]
-            name = (meta.get("annotations") or {}).get(self.options.name_annotation) or meta["name"]
-        if previous is not None and previous != name:
-            del self._by_secret[key]
-            member = self._members.get(previous)
-            if member is not None and member.source == f"secret {key}":
-                self._remove(member, "its secret is gone" if secret is None else "its secret names another cluster")
-        if secret is None or name is None:
-            self._conflicts.pop(key, None)
+            name = self._cluster_name(secret)
+            if not _CLUSTER_NAME.match(name):
+                self._conflicts[key] = _Conflict(key, name, "", f"annotation {self.options.name_annotation} names "
+                                                 f"cluster {name!r}, which is not a DNS-1123 subdomain (lowercase)")
+                name = None
+            else:
+                self._claims[key] = name
+                if conflict is not None and conflict.holder and conflict.cluster == name:
+                    self._conflicts[key] = conflict  # still contending: kept (and not logged again) if it loses
+        for cluster in dict.fromkeys(n for n in (previous, name) if n is not None):
+            self._settle(cluster)
+
+    def _cluster_name(self, secret: Obj) -> str:
+        meta = secret["metadata"]
+        return str((meta.get("annotations") or {}).get(self.options.name_annotation) or meta["name"])
+
+    def _claimants(self, name: str) -> list[tuple[str, Obj]]:
+        """The Secrets in the caches that name cluster ``name``, by key, the oldest first (then by namespace and
+        name). The caches, not the Secrets processed so far: a holder is the same whatever the order of
+        events. metav1.Time is serialized in UTC at second precision (RFC 3339): the strings order as the times."""
+        found = {object_key(obj): obj for inf in self._informers for obj in inf.lister.by_index(_BY_CLUSTER, name)}
+        return sorted(found.items(), key=lambda item: (item[1]["metadata"].get("creationTimestamp") or "",
+                                                       *item[0].rpartition("/")[::2]))
+
+    def _settle(self, name: str) -> None:
+        """Give cluster ``name`` to the oldest Secret naming it (the others are conflicts), and bring its member
+        in line with that Secret: registered, rotated to its kubeconfig, or removed if no Secret names it."""
+        member = self._members.get(name)
+        claimants = self._claimants(name)
+        if not claimants:
+            if member is not None and not member.local:
+                key = _secret_key(member)
+                self._remove(member, "its secret names another cluster" if self._find(key) is not None
+                             else "its secret is gone")
             return
+        (key, secret), others = claimants[0], claimants[1:]
         source = f"secret {key}"
-        if not _CLUSTER_NAME.match(name):
-            self._conflicts[key] = _Conflict(key, name, "", f"annotation {self.options.name_annotation} names "
-                                             f"cluster {name!r}, which is not a DNS-1123 subdomain (lowercase)")
-            return
-        holder = self._members.get(name)
-        if holder is not None and holder.source != source:
-            conflict = self._conflicts.setdefault(key, _Conflict(
-                key, name, holder.source, f"cluster name {display_name(name)!r} is already registered from "
-                f"{holder.source}"))
-            if not conflict.logged:
-                conflict.logged = True
-                self._log.error("secret {} names cluster {!r}, which {} already registered; it is ignored until "
-                                "that one goes (rename one, or set annotation {})", key, display_name(name),
-                                holder.source, self.options.name_annotation)
-            return
         self._conflicts.pop(key, None)
-        self._by_secret[key] = name
+        for other, _ in others:
+            self._note_conflict(other, name, source)
         if self._gate(name) is None:  # another replica's (one engaged here leaves by ``disengage``)
             return
         data = _kubeconfig_bytes(secret, self.options.data_key)
-        if holder is not None and holder.digest == (kubeconfig_hash(data) if data is not None else ""):
-            return  # an identical kubeconfig: nothing restarts
-        if holder is not None:
-            self._log.info("cluster {}: kubeconfig changed; connecting anew before replacing the connection",
-                           display_name(name))
-            # The engaged member stays until the new one is up; a pending replacement is dropped for the newest,
-            # detached first so that cancelling it does not reach the engaged one.
-            engaged = holder if holder.ctx is not None else holder.replaces
-            if holder is not engaged:
-                holder.replaces = None
-                self._cancel(holder)
-                if engaged is not None and engaged.digest == (kubeconfig_hash(data) if data is not None else ""):
-                    self._members[name] = engaged  # back to what is running: nothing to connect
-                    return
-            self._add(_Member(name, source, data, replaces=engaged))
-        else:
+        digest = kubeconfig_hash(data) if data is not None else ""
+        if member is None:
             self._log.info("cluster {} registered from {}", display_name(name), source)
             self._add(_Member(name, source, data))
+            return
+        if member.source == source and member.digest == digest:
+            return  # an identical kubeconfig: nothing restarts
+        if member.source == source:
+            self._log.info("cluster {}: kubeconfig changed; connecting anew before replacing the connection",
+                           display_name(name))
+        else:
+            self._log.warning("cluster {}: {} holds it now (the oldest Secret naming it; was {}); connecting with "
+                              "its kubeconfig before replacing the connection", display_name(name), source,
+                              member.source)
+        # The engaged member stays until the new one is up; a pending replacement is dropped for the newest,
+        # detached first so that cancelling it does not reach the engaged one.
+        engaged = member if member.ctx is not None else member.replaces
+        if member is not engaged:
+            member.replaces = None
+            self._cancel(member)
+            if engaged is not None and engaged.source == source and engaged.digest == digest:
+                self._members[name] = engaged  # back to what is running: nothing to connect
+                return
+        self._add(_Member(name, source, data, replaces=engaged))
+
+    def _note_conflict(self, key: str, name: str, holder: str) -> None:
+        """Secret ``key`` names cluster ``name``, which ``holder`` holds: a conflict, logged once per holder."""
+        conflict = self._conflicts.get(key)
+        if conflict is not None and conflict.cluster == name and conflict.holder == holder:
+            return
+        self._conflicts[key] = _Conflict(key, name, holder, f"cluster name {display_name(name)!r} is held by "
+                                         f"{holder}, the oldest Secret naming it")
+        self._log.error("secret {} names cluster {!r}, which {} holds (the oldest Secret naming it); it is ignored "
+                        "while that one does (rename one, or set annotation {})", key, display_name(name), holder,
+                        self.options.name_annotation)
 
     def _add(self, m: _Member) -> None:
         fence = self._gate(m.name)
@@ -414,10 +465,6 @@ class ClusterRegistry:
         del self._members[m.name]
         self._log.info("cluster {} leaves ({})", display_name(m.name), why)
         self._cancel(m)
-        for key, conflict in list(self._conflicts.items()):
-            if conflict.cluster == m.name:  # the name is free: the next Secret naming it may register
-                del self._conflicts[key]
-                self._queue.add(key)
 
     def _cancel(self, m: _Member) -> None:
         """Cancel ``m`` and every member it is still replacing, each once (a second cancellation would cut its
@@ -554,16 +601,19 @@ class ClusterRegistry:
             before, heard = heard, _events_received(m)
             if heard != before and connected.status:
                 continue
+            answers = m.client.recoveries
             try:
                 await m.client.request("GET", "/version", timeout=self.options.connect_timeout)
             except Exception as e:
                 if connected.status:
                     self._log.warning("cluster {}: not reachable ({})", display_name(m.name), describe_error(e))
                 connected.set(False, type(e).__name__, describe_error(e))
+                m.probe_failed_at, m.watch_failed = answers, False
             else:
                 if connected.status is False:
                     self._log.info("cluster {}: reachable again", display_name(m.name))
                 connected.set(True, "Connected", connected.message if connected.reason == "Connected" else "")
+                m.probe_failed_at, m.watch_failed = None, False
 
     async def _teardown(self, m: _Member) -> None:
         m.state = MemberState.STOPPING
@@ -603,10 +653,32 @@ class ClusterRegistry:
         finally:
             m.factory = m.client = None
 
+    def _follow_watches(self, m: _Member, cluster: Cluster) -> None:
+        """Connected as the engaged member's watches have it: false while one cannot reach the server, true again
+        once none fails and the server has answered since (a watch reopened, or any other request after the
+        probe's failure). A probe failure that no watch contradicts stands (the watches of a silently cut
+        connection may not have noticed yet)."""
+        connected = m.conditions[ConditionType.CONNECTED]
+        failing = cluster.unreachable()
+        if failing is not None:
+            gvr, e = failing
+            if connected.status:
+                self._log.warning("cluster {}: not reachable (watching {}: {})", display_name(m.name), gvr,
+                                  describe_error(e))
+            connected.set(False, type(e).__name__, f"watching {gvr}: {describe_error(e)}")
+            m.watch_failed = True
+        elif connected.status is False and (m.watch_failed or (
+                m.probe_failed_at is not None and cluster.client.recoveries > m.probe_failed_at)):
+            self._log.info("cluster {}: reachable again (its watches work)", display_name(m.name))
+            connected.set(True, "Connected", "watching")
+            m.probe_failed_at, m.watch_failed = None, False
+
     def _conditions(self, m: _Member) -> list[Condition]:
-        """The member's conditions, Discovered and Synced made live once it is engaged."""
+        """The member's conditions, made live from its watches and discovery once it is engaged (read by
+        ``status()`` and the metrics, so both show what the informers see at that moment)."""
         conditions = m.conditions
         if m.cluster is not None and m.ctx is not None and not m.ctx.cancelled():
+            self._follow_watches(m, m.cluster)
             problems = m.cluster.factory.supervisor.problems()
             if problems:
                 conditions[ConditionType.DISCOVERED].set(False, "DiscoveryFailing", "; ".join(
@@ -667,6 +739,24 @@ def _events_received(m: _Member) -> int:
     return sum(sum(inf.reflector.event_counts.values()) for inf in synced.values())
 
 
+def _shown_state(m: _Member, conditions: list[Condition]) -> MemberState:
+    """The state as ``status()`` and the metrics show it: an engaged member is ``ready`` only while every
+    condition holds, so that state and readiness never disagree."""
+    if m.state is MemberState.READY and not all(c.status for c in conditions):
+        return MemberState.DEGRADED
+    return m.state
+
+
+def _secret_key(m: _Member) -> str:
+    return m.source.removeprefix("secret ")
+
+
+def _describe(inf: SharedIndexInformer) -> str:
+    r = inf.reflector
+    where = f"namespace {r.namespace}" if r.namespace else "all namespaces"
+    return f"{where} {' '.join(f'{k}={v}' for k, v in r.selectors.items())}"
+
+
 def _or_all(namespaces: Sequence[str]) -> list[str | None]:
     return list(namespaces) or [None]
 
@@ -713,8 +803,9 @@ class _Collector(MetricSet):
         counts = dict.fromkeys((s.value for s in MemberState), 0)
         for registry in list(self.registries):
             for name, m in sorted(registry._members.items()):
-                counts[m.state.value] += 1
-                for c in registry._conditions(m):
+                member_conditions = registry._conditions(m)
+                counts[_shown_state(m, member_conditions).value] += 1
+                for c in member_conditions:
                     if c.status is not None:
                         conditions.add_metric([display_name(name), c.type.value], float(c.status))
         for state, n in counts.items():

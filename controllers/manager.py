@@ -13,7 +13,8 @@ down. A source that watches only what is required (``require``/``release``) is t
 name, every GVR its controllers require, from ``start()`` until ``stop()`` has stopped them: kcp's manager
 needs no such declaration because its source watches everything. A controller that ignores its cancellation
 is reported (``stuck``; ``stop()`` returns its name) rather than forgotten: only the caller can decide that
-the process must end.
+the process must end. Its ``controller_manager_*`` series exist from ``start()`` to ``stop()``: label sets kept once
+used would, with a manager per member cluster, leave series of every member that ever joined.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Sequence, Union
+from typing import Any, Awaitable, Callable, Iterator, Literal, Sequence, Union
 
 from loguru import logger
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from informers import GVR, ApiClient, Backoff, InformerSource, SharedIndexInformer, Subscription, Supervisor
 
@@ -95,17 +98,34 @@ class ControllerStatus:
 
 
 class _Metrics(MetricSet):
+    """The manager families, read at scrape time from the managers between ``start()`` and ``stop()``: a
+    manager's series go with it, so a fleet whose members come and go (a manager per member) keeps no series of
+    the members that left. A manager made again under a name (a new term, a rotated member) counts afresh, which
+    its ``_created`` samples tell Prometheus."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
-        self.running = Gauge("controller_manager_controllers_running", "Managed controllers running.",
-                             ["manager"], registry=registry)
-        self.starts = Counter("controller_manager_starts_total", "Controller starts.", ["manager", "controller"],
-                              registry=registry)
-        self.stops = Counter("controller_manager_stops_total", "Controller stops.", ["manager", "controller"],
-                             registry=registry)
-        self.failures = Counter("controller_manager_failures_total", "Controller create/run failures.",
-                                ["manager", "controller", "reason"], registry=registry)
+        self.managers: "weakref.WeakSet[ControllerManager]" = weakref.WeakSet()
+        registry.register(self)
 
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily("controller_manager_controllers_running", "Managed controllers running.",
+                                    labels=["manager"])
+        starts = CounterMetricFamily("controller_manager_starts_total", "Controller starts.",
+                                     labels=["manager", "controller"])
+        stops = CounterMetricFamily("controller_manager_stops_total", "Controller stops.",
+                                    labels=["manager", "controller"])
+        failures = CounterMetricFamily("controller_manager_failures_total", "Controller create/run failures.",
+                                       labels=["manager", "controller", "reason"])
+        for m in sorted(self.managers, key=lambda m: m.name):
+            runners = m._runners.values()
+            running.add_metric([m.name], sum(1 for r in runners if r.status.state == "running"))
+            for r in runners:
+                starts.add_metric([m.name, r.name], r.starts, created=m._created)
+                stops.add_metric([m.name, r.name], r.stops, created=m._created)
+                for reason, n in sorted(r.failures.items()):
+                    failures.add_metric([m.name, r.name, reason], n, created=m._created)
+        yield from (running, starts, stops, failures)
 
 
 class _Runner:
@@ -124,6 +144,8 @@ class _Runner:
         self.retry_timer: asyncio.TimerHandle | None = None
         self.stuck_timer: asyncio.TimerHandle | None = None
         self.starts = 0
+        self.stops = 0
+        self.failures: dict[str, int] = {}  # by phase (create, run)
         self.waiting_logged: dict[GVR, str] = {}  # why each missing GVR is missing, as last logged
 
     @property
@@ -161,9 +183,8 @@ class ControllerManager:
         self.cluster = cluster
         make_backoff = backoff or (lambda: Backoff(initial=1.0, cap=60.0, jitter=0.5))
         self._runners = {name: _Runner(name, spec, make_backoff()) for name, spec in controllers.items()}
-        self._m = _Metrics.for_registry(metrics_registry)
-        self._m.running.labels(self.name).set_function(
-            lambda: sum(1 for r in self._runners.values() if r.status.state == "running"))
+        self._metrics = _Metrics.for_registry(metrics_registry)
+        self._created = time.time()  # of its counters, as Prometheus reads a restart from it
         self.supervisor = supervisor or Supervisor(self.name)
         self._loop_name = f"{self.name} passes"
         self._looping = False
@@ -189,6 +210,7 @@ class ControllerManager:
         if add_removal_hook is not None:
             self._unhook = add_removal_hook(self._before_removal)
         self._looping = True
+        self._metrics.managers.add(self)
         self.supervisor.spawn(self._loop_name, lambda _: self._loop(subscription))
 
     async def stop(self) -> list[str]:
@@ -210,10 +232,7 @@ class ControllerManager:
         for r in self._runners.values():
             if r.retry_timer is not None:
                 r.retry_timer.cancel()
-        try:
-            self._m.running.remove(self.name)
-        except KeyError:
-            pass
+        self._metrics.managers.discard(self)
         release = getattr(self.source, "release", None)
         if release is not None:  # last: the informers it lets go of are stopped once nothing of ours reads them
             release(self.name)
@@ -318,7 +337,7 @@ class ControllerManager:
         finally:
             await ctx.release()
             if phase == "run":
-                self._m.stops.labels(self.name, r.name).inc()
+                r.stops += 1
 
     async def _create(self, spec: ManagedController, ctx: ControllerContext) -> StartFunc:
         made = spec.create(ctx)
@@ -343,7 +362,6 @@ class ControllerManager:
         if r.starts:
             r.status.restarts += 1
         r.starts += 1
-        self._m.starts.labels(self.name, r.name).inc()
         self._log.info("started controller {}", r.name)
 
     def _failed(self, r: _Runner, phase: str, error: Exception) -> None:
@@ -353,7 +371,7 @@ class ControllerManager:
         r.status.running_since = None
         r.status.failures += 1
         r.status.last_error = f"{phase}: {type(error).__name__}: {error}"
-        self._m.failures.labels(self.name, r.name, phase).inc()
+        r.failures[phase] = r.failures.get(phase, 0) + 1
         self._log.opt(exception=error if phase == "run" else None).warning(
             "controller {} failed in {} ({}); retrying in {:.1f}s", r.name, phase, error, delay)
         if r.retry_timer is not None:

@@ -78,17 +78,15 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
     config.host = "https://127.0.0.1:1"
     reg = ClusterRegistry(ApiClient(config), RegistryOptions(namespaces=("ns",), probe_interval=3600),
                           make_factory=FakeFactory)  # type: ignore[arg-type]
-    secrets: dict[str, Any] = {}
-    reg._find = secrets.get  # type: ignore[method-assign]
-    return reg, secrets
+    return reg, reg._informers[0].store  # the Secrets, as the first informer's cache (never started)
 
 
-def put(reg: ClusterRegistry, secrets: dict[str, Any], data: bytes | None) -> None:
+def put(reg: ClusterRegistry, secrets: Any, data: bytes | None) -> None:
     if data is None:
-        secrets.pop("ns/c1", None)
+        secrets.delete("ns/c1")
     else:
-        secrets["ns/c1"] = {"metadata": {"name": "c1", "namespace": "ns"},
-                            "data": {"kubeconfig": base64.b64encode(data).decode()}}
+        secrets.upsert({"metadata": {"name": "c1", "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                        "data": {"kubeconfig": base64.b64encode(data).decode()}})
     reg._sync("ns/c1")
 
 
@@ -191,9 +189,9 @@ async def test_the_local_cluster_joins_a_fleet_union_under_a_name() -> None:
 
 async def test_an_annotation_naming_an_invalid_cluster_is_reported(registry: Any) -> None:
     reg, secrets = registry
-    secrets["ns/c1"] = {"metadata": {"name": "c1", "namespace": "ns",
-                                     "annotations": {"kube-syncer.io/cluster-name": "Prod"}},
-                        "data": {"kubeconfig": base64.b64encode(b"x").decode()}}
+    secrets.upsert({"metadata": {"name": "c1", "namespace": "ns",
+                                 "annotations": {"kube-syncer.io/cluster-name": "Prod"}},
+                    "data": {"kubeconfig": base64.b64encode(b"x").decode()}})
     reg._sync("ns/c1")
     assert reg._members == {}
     (conflict,) = reg.status()["conflicts"]
@@ -217,10 +215,10 @@ async def test_a_slow_cleanup_in_one_cluster_delays_no_other(registry: Any) -> N
     def put_named(name: str, present: bool) -> None:
         key = f"ns/{name}"
         if present:
-            secrets[key] = {"metadata": {"name": name, "namespace": "ns"},
-                            "data": {"kubeconfig": base64.b64encode(name.encode()).decode()}}
+            secrets.upsert({"metadata": {"name": name, "namespace": "ns"},
+                            "data": {"kubeconfig": base64.b64encode(name.encode()).decode()}})
         else:
-            secrets.pop(key)
+            secrets.delete(key)
         reg._sync(key)
 
     await reg.register_cluster_handler(SlowToLeave())

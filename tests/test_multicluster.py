@@ -12,6 +12,7 @@ import base64
 import gc
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -194,7 +195,8 @@ async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: s
         await eventually(lambda: registry.cluster("alpha") is not first and starts.starts == 2, 30, "the rotation")
         assert len(starts.running) == 1 and recorder.removed == []  # a rotation is not a removal
         assert recorder.cleaned == ["alpha"]  # the old connection's context was cancelled
-        assert first.client._session is None  # and its connections closed
+        # and its connections closed, after its informers have stopped (the rotation does not wait for that)
+        await eventually(lambda: first.client._session is None, 10, "the old connection to close")
         await eventually(lambda: loop._subs.get("alpha") is registry.cluster("alpha").factory.informers()[0].get(
             CONFIGMAPS), 10, "the fleet union to follow the new connection")
         with kube_client(a) as k:
@@ -432,3 +434,123 @@ async def test_fifty_members_against_one_apiserver(api: ApiClient, fleet_ns: str
         await registry.stop()
     await asyncio.sleep(0.1)
     assert len(asyncio.all_tasks()) <= tasks_before
+
+
+async def created(api: ApiClient, namespace: str, name: str) -> str:
+    secret = await api.request("GET", SECRETS.path(namespace, name))
+    return str(secret["metadata"]["creationTimestamp"])
+
+
+def past(timestamp: str) -> bool:
+    """Whether the clock has left the second of ``timestamp`` (an object created now is younger)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) > timestamp
+
+
+async def test_a_contested_name_goes_to_the_oldest_secret_across_restarts(
+        api: ApiClient, fleet_ns: str, workloads: tuple[ControlPlane, ControlPlane]) -> None:
+    """Issue 21 item 8: ns1/east (cluster A), ns2/east (B, a conflict); ns1/east deleted (B takes east) and
+    recreated (a conflict, B holds); a restart must not hand east back to A. Then an older Secret that starts
+    naming a cluster takes it over, as a rotation."""
+    a, b = workloads
+    ns1, ns2 = fleet_ns, f"{fleet_ns}-2"
+    await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns2}})
+    opts = RegistryOptions(namespaces=(ns1, ns2), sync_timeout=20.0, probe_interval=3600)
+
+    def host(registry: ClusterRegistry, name: str) -> str | None:
+        try:
+            return registry.cluster(name).client.host
+        except ClusterNotFound:
+            return None
+
+    def conflicts(registry: ClusterRegistry) -> set[str]:
+        return {c["secret"] for c in registry.status()["conflicts"]}
+
+    registry = ClusterRegistry(api, opts, required=[CONFIGMAPS])
+    await registry.start()
+    try:
+        await put_secret(api, ns1, "east", kubeconfig(a))
+        await eventually(lambda: host(registry, "east") == a.url, 30, "east on A")
+        await put_secret(api, ns2, "east", kubeconfig(b))
+        await eventually(lambda: conflicts(registry) == {f"{ns2}/east"}, 10, "ns2/east's conflict")
+        assert host(registry, "east") == a.url
+        await delete_secret(api, ns1, "east")
+        await eventually(lambda: host(registry, "east") == b.url and not conflicts(registry), 30, "B to take east")
+        b_created = await created(api, ns2, "east")
+        await eventually(lambda: past(b_created), 5, "a second younger than ns2/east")
+        await put_secret(api, ns1, "east", kubeconfig(a))
+        assert await created(api, ns1, "east") > b_created
+        await eventually(lambda: conflicts(registry) == {f"{ns1}/east"}, 10, "the recreated ns1/east's conflict")
+        assert host(registry, "east") == b.url
+
+        await registry.stop()  # the restart
+        registry = ClusterRegistry(api, opts, required=[CONFIGMAPS])
+        recorder = Recorder()
+        await registry.register_cluster_handler(recorder)
+        await registry.start()
+        await eventually(lambda: host(registry, "east") is not None, 30, "east after the restart")
+        assert host(registry, "east") == b.url, "after a restart east points at the younger Secret's cluster"
+        assert member(registry, "east")["source"] == f"secret {ns2}/east"
+        assert conflicts(registry) == {f"{ns1}/east"}
+
+        # An older Secret that starts naming a cluster (here: labelled later) takes it: a rotation.
+        await put_secret(api, ns1, "west", kubeconfig(a), labels={"unselected": "yes"})
+        a_created = await created(api, ns1, "west")
+        await eventually(lambda: past(a_created), 5, "a second younger than ns1/west")
+        await put_secret(api, ns2, "west", kubeconfig(b))
+        await eventually(lambda: host(registry, "west") == b.url, 30, "west on B")
+        await put_secret(api, ns1, "west", kubeconfig(a))  # now labelled: selected, and the oldest
+        await eventually(lambda: host(registry, "west") == a.url, 30, "west rotated to A")
+        assert conflicts(registry) == {f"{ns1}/east", f"{ns2}/west"}
+        # Nothing was ever connected to A under east after the restart, not even for a moment.
+        assert [(name, c.client.host) for name, c in recorder.added] == [("east", b.url), ("west", b.url),
+                                                                         ("west", a.url)]
+        assert recorder.removed == []
+    finally:
+        await registry.stop()
+        await api.request("DELETE", f"/api/v1/namespaces/{ns2}")
+
+
+@pytest.mark.parametrize("probe_interval", [3600.0, 5.0], ids=["watches-only", "after-a-probe-failure"])
+async def test_readiness_follows_the_watches(api: ApiClient, fleet_ns: str, control_plane_factory: Any,
+                                             probe_interval: float) -> None:
+    """Issue 21 item 8: a member whose apiserver goes away is not Connected (and not ready) as soon as its watches
+    fail, and is again as soon as they watch again, not at the next /version probe: with the probe too rare to
+    play a part, and after the probe has failed during the outage. ``state`` never says ready while ``ready`` is
+    false."""
+    down = control_plane_factory()
+    starts = Starts(CONFIGMAPS)
+    registry = ClusterRegistry(api, options(fleet_ns, probe_interval=probe_interval), required=[CONFIGMAPS])
+    per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
+    await registry.register_cluster_handler(per_cluster)
+    await registry.start()
+    shown: list[tuple[str, bool]] = []
+
+    def sample() -> tuple[str, bool, str]:
+        m = member(registry, "down") or {"state": "", "ready": False, "conditions": [{"status": "Unknown"}]}
+        shown.append((m["state"], m["ready"]))
+        return m["state"], m["ready"], m["conditions"][0]["status"]
+
+    def watching() -> bool:
+        informer = registry.cluster("down").factory.informers()[0].get(CONFIGMAPS)
+        return informer is not None and informer.last_error is None
+
+    try:
+        await put_secret(api, fleet_ns, "down", kubeconfig(down))
+        await eventually(lambda: sample() == ("ready", True, "True") and len(starts.running) == 1, 30, "ready")
+        await asyncio.to_thread(down.stop_apiserver)
+        await eventually(lambda: sample() == ("degraded", False, "False"), 30, "not Connected, not ready")
+        if probe_interval < 60:
+            await eventually(lambda: registry._members["down"].probe_failed_at is not None, 2 * probe_interval + 10,
+                             "the probe to fail during the outage")
+        await asyncio.to_thread(down.start_apiserver)
+        back = time.monotonic()
+        await eventually(watching, 30, "the watches to work again")
+        watch_seconds = time.monotonic() - back
+        assert sample()[2] == "True", "Connected as soon as the watches work"
+        await eventually(lambda: sample() == ("ready", True, "True"), 30, "ready again")
+        print(f"watching again {watch_seconds:.1f}s, ready {time.monotonic() - back:.1f}s after the apiserver")
+        assert len(starts.running) == 1
+        assert all((state == "ready") == ready for state, ready in shown), sorted(set(shown))
+    finally:
+        await per_cluster.stop()
+        await registry.stop()

@@ -37,6 +37,7 @@ from syncer.testing.pytest_plugin import kube_client
 
 from .helpers import CONFIGMAPS, eventually
 from .test_examples import wait_until
+from .test_multicluster import created, past
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = "/api/v1/namespaces/{}/secrets"
@@ -143,7 +144,9 @@ async def test_sidecar_runs_controllers_per_member_and_fleet_controllers(
         assert sorted(watchers.running.values()) == [workload.url, workload.url]
         await eventually(lambda: fleet()["clusters"] == ["one", "two"], 20, "both members in the fleet controller")
         assert members()["broken"]["state"] == "refused" and not members()["broken"]["ready"]
-        # Added once "one" is held: Secrets are processed in key order, and "dup" sorts before "one".
+        # Created in a later second than "one": younger, so "one" keeps the name although "dup" sorts before it.
+        one_created = await created(api, namespace, "one")
+        await eventually(lambda: past(one_created), 5, "a second younger than secret one")
         await put_member(api, namespace, "dup", data, annotations={"kube-syncer.io/cluster-name": "one"})
         await eventually(lambda: bool(syncer.status()["clusters"]["conflicts"]), 10, "the conflict")
         [conflict] = syncer.status()["clusters"]["conflicts"]
@@ -163,7 +166,8 @@ async def test_sidecar_runs_controllers_per_member_and_fleet_controllers(
         assert f"one ready yes secret {namespace}/one" in lines, out
         [broken] = [line for line in lines if line.startswith("broken ")]
         assert broken.startswith(f"broken refused no secret {namespace}/broken Connected: "), out
-        assert f"{namespace}/dup cluster name 'one' is already registered from secret {namespace}/one" in lines, out
+        assert f"{namespace}/dup cluster name 'one' is held by secret {namespace}/one, the oldest Secret naming " \
+            "it" in lines, out
         [row] = [line for line in lines if line.startswith("cm-fleet ")]
         assert row.startswith("cm-fleet configmaps.v1 one,two "), out
 
@@ -179,6 +183,50 @@ async def test_sidecar_runs_controllers_per_member_and_fleet_controllers(
     await asyncio.sleep(0.1)  # callbacks of the last closed connections
     leaked = {t for t in asyncio.all_tasks() if not t.done()} - tasks_before - {asyncio.current_task()}
     assert not leaked, leaked
+
+
+async def test_departed_members_leave_no_metric_series(control_plane: ControlPlane, api: ApiClient,
+                                                      namespace: str) -> None:
+    """Issue 21 item 8: after members join (their controllers started) and leave, cycle after cycle, the sidecar's
+    /metrics has no series labelled with any of them; a member that stays keeps its own."""
+    cycles = 20
+    data = control_plane.member_kubeconfig()
+    plugins = Plugins({"cm-watch": Watchers().spec()})
+    port = free_port()
+    settings = replace(Settings(), kubeconfig=str(control_plane.kubeconfig), include=("core/configmaps",),
+                       http_bind=f"127.0.0.1:{port}", shutdown_timeout=10.0,
+                       clusters=Clusters(enabled=True, namespaces=(namespace,), sync_timeout=20.0))
+    syncer = Syncer(settings, ApiClient.from_kubeconfig(str(control_plane.kubeconfig)), plugins, identity="series")
+    stop = asyncio.Event()
+    run = asyncio.create_task(syncer.run(stop))
+
+    def running() -> set[str]:
+        return {c["name"] for c in syncer.status()["controllers"] if c["state"] == "running"}
+
+    def scrape() -> list[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode().splitlines()
+
+    try:
+        await put_member(api, namespace, "stays", data)
+        await eventually(lambda: run.done() or "cm-watch (cluster stays)" in running(), 40, "the member that stays")
+        assert not run.done(), run
+        for i in range(cycles):
+            name = f"departed-{i}"
+            await put_member(api, namespace, name, data)
+            await eventually(lambda: f"cm-watch (cluster {name})" in running(), 30, f"cycle {i}: {name} up")
+            await api.request("DELETE", SECRETS.format(namespace) + f"/{name}")
+            await eventually(lambda: name not in by_name(syncer.status()["clusters"]["clusters"]) and
+                             f"cm-watch (cluster {name})" not in running(), 30, f"cycle {i}: {name} gone")
+        lines = await asyncio.to_thread(scrape)
+        departed = [line for line in lines if '"departed-' in line or "/departed-" in line]
+        print(f"{len(departed)} lines labelled with a departed member after {cycles} cycles, {len(lines)} in all")
+        assert departed == [], departed[:10]
+        assert any('series/stays"' in line for line in lines if line.startswith("controller_manager_starts_total"))
+        assert any('cluster="stays"' in line for line in lines)
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
 
 
 def test_run_local_with_clusters(tmp_path: Path) -> None:
