@@ -26,6 +26,7 @@ import orjson
 
 from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate, load_kubeconfig
 from .errors import ApiError, FenceError
+from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
 
 _JSON = "application/json"
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -77,6 +78,7 @@ class ApiClient:
         self._client_cert = f"{client_cert_data}\n{client_key_data}" if client_cert_data is not None else None
         self._tls_server_name = tls_server_name
         self.user_agent = user_agent
+        self.request_counts = RequestCounts(self.host)  # rest_client_* metrics, exported while the client is open
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
         self._session_cert: str | None = None
@@ -141,7 +143,8 @@ class ApiClient:
         return self._session
 
     async def close(self) -> None:
-        """Close the session and every pooled connection."""
+        """Close the session and every pooled connection; its ``rest_client_*`` series leave the metrics."""
+        untrack(self.request_counts)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -211,17 +214,34 @@ class ApiClient:
         used = plugin.current if plugin is not None else None
         if guard is not None:
             guard()
-        async with self._get_session().request(method, url, headers=headers, server_hostname=self._tls_server_name,
-                                               **kwargs) as resp:
+        async with self._counted(method, url, headers, kwargs) as resp:
             if resp.status != 401 or plugin is None:
                 yield resp
                 return
         fresh = {k: v for k, v in headers.items() if k != "Authorization"} | await self._exec_headers(plugin, used)
         if guard is not None:
             guard()
-        async with self._get_session().request(method, url, headers=fresh, server_hostname=self._tls_server_name,
-                                               **kwargs) as resp:
+        async with self._counted(method, url, fresh, kwargs) as resp:
             yield resp
+
+    @asynccontextmanager
+    async def _counted(self, method: str, url: str, headers: dict[str, str],
+                       kwargs: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
+        """``session.request``, counted in ``request_counts`` once its headers came (or it got no answer)."""
+        counts = self.request_counts
+        counts.server(self.host)  # a test or a proxy may point the client elsewhere after it was made
+        track(counts)
+        started = time.monotonic()
+        try:
+            async with self._get_session().request(method, url, headers=headers,
+                                                   server_hostname=self._tls_server_name, **kwargs) as resp:
+                counts.observe(method, resp.status, started)
+                started = 0.0
+                yield resp
+        except CONNECTION_ERRORS:
+            if started:
+                counts.observe(method, NO_ANSWER, started)
+            raise
 
     # -- requests ----------------------------------------------------------------------------------------
     async def request(

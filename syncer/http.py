@@ -1,4 +1,5 @@
-"""The sidecar's HTTP endpoints: ``/healthz``, ``/readyz``, ``/metrics`` and ``/status``."""
+"""The sidecar's HTTP endpoints: ``/healthz``, ``/readyz``, ``/metrics`` and ``/status``; with ``debug``, also
+``/debug/tasks`` and ``/debug/stalls`` (``debug.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from .debug import StallWatch, task_dump
+
 # The event loop is considered stuck when a ticker is this late.
 _LOOP_STALL = 5.0
 _TICK = 1.0
@@ -20,8 +23,9 @@ class StatusServer:
 
     def __init__(self, bind: str, status: Callable[[], dict[str, Any]],
                  health: Callable[[], tuple[bool, list[dict[str, Any]]]],
-                 not_ready: Callable[[], str | None]) -> None:
+                 not_ready: Callable[[], str | None], debug: bool = False) -> None:
         host, _, port = bind.rpartition(":")
+        self.stall_watch = StallWatch() if debug else None
         self.host, self.port = host, int(port)
         self._status, self._health, self._not_ready = status, health, not_ready
         self._runner: web.AppRunner | None = None
@@ -36,6 +40,10 @@ class StatusServer:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/status", self._status_handler)
+        if self.stall_watch is not None:
+            app.router.add_get("/debug/tasks", self._tasks_handler)
+            app.router.add_get("/debug/stalls", self._stalls_handler)
+            self.stall_watch.start()
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -49,6 +57,8 @@ class StatusServer:
             await asyncio.gather(self._ticker, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.stall_watch is not None:
+            await self.stall_watch.stop()
 
     async def _tick(self) -> None:
         while True:
@@ -76,6 +86,13 @@ class StatusServer:
 
     async def _status_handler(self, request: web.Request) -> web.Response:
         return _json(self._status(), 200)
+
+    async def _tasks_handler(self, request: web.Request) -> web.Response:
+        return web.Response(text=task_dump())
+
+    async def _stalls_handler(self, request: web.Request) -> web.Response:
+        assert self.stall_watch is not None
+        return _json({"threshold_seconds": self.stall_watch.threshold, "stalls": self.stall_watch.report()}, 200)
 
 
 def _json(body: Any, status: int) -> web.Response:

@@ -15,6 +15,9 @@ the old term's controllers must stop.
 
 The Lease rules (what was observed when, transitions, the renewal deadline) are ``lease.py``'s, shared with the
 shard coordinator (``shards.py``), for which a leadership term is the one-unit case.
+
+``leader_election_master_status{name}`` (client-go's gauge, ``name`` the Lease's) is 1 while the term's fence
+holds, read when the metrics are collected.
 """
 
 from __future__ import annotations
@@ -24,12 +27,17 @@ import os
 import socket
 import time
 import uuid
+import weakref
+from typing import Iterator
 
 from loguru import logger
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from informers import ApiClient, ApiError
 from informers.client import CONNECTION_ERRORS
 from informers.errors import describe_error
+from informers.metrics import MetricSet
 
 from .lease import LEASES_PATH, Observation, RenewFence, holder_spec, lease_body, released_spec
 from .settings import LeaderElection
@@ -57,6 +65,21 @@ class _TermFence:
         return self._elector.renewal.remaining()
 
 
+class _Collector(MetricSet):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.electors: "weakref.WeakSet[LeaderElector]" = weakref.WeakSet()
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("leader_election_master_status", "Gauge of if the reporting system is master of "
+                                   "the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the "
+                                   "string used to identify the lease.", labels=["name"])
+        for elector in sorted(self.electors, key=lambda e: e.config.lease_name):
+            family.add_metric([elector.config.lease_name], 1.0 if elector.term_valid() else 0.0)
+        yield family
+
+
 class LeaderElector:
     """Acquires, renews and releases one Lease. ``is_leader`` tells the current state, ``fence()`` the term's."""
 
@@ -70,6 +93,7 @@ class LeaderElector:
         self.renewal = RenewFence(config.renew_deadline)  # when the last successful acquire/renew was sent
         self._term = 0
         self._log = logger.bind(lease=f"{config.lease_namespace}/{config.lease_name}", identity=self.identity)
+        _Collector.for_registry(REGISTRY).electors.add(self)
 
     @property
     def observed_holder(self) -> str:

@@ -126,7 +126,8 @@ class Syncer:
                            ", ".join(fleet_level))
         self.shards: ShardCoordinator | None = None
         self.unit_controllers: ControllerUnits | None = None
-        self.http = StatusServer(settings.http_bind, self.status, self.health, self._not_ready)
+        self.http = StatusServer(settings.http_bind, self.status, self.health, self._not_ready,
+                                 debug=settings.debug_endpoints)
         self._leading = False
         self._stuck: list[str] = []
         self._log = logger.bind(identity=self.identity)

@@ -187,6 +187,8 @@ class Settings:
     - ``shutdown_timeout``: the bound on a graceful stop; ``start_timeout``: the bound on starting the
       controllers after becoming leader.
     - ``uvloop``: run ``syncer run`` on uvloop when it is installed (off: the standard asyncio loop).
+    - ``debug_endpoints``: also serve ``/debug/tasks`` (every asyncio task's stack) and ``/debug/stalls`` (where
+      the event loop was when it stalled) on ``http_bind``.
     - ``watch``: which served (and filtered) GVRs get informers: ``"all"``, or ``"required"``: only those some
       controller requires (fewer watches; ``syncer status`` shows the others as idle).
     - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``; ``clusters``: see
@@ -213,6 +215,7 @@ class Settings:
     shutdown_timeout: float = 20.0
     start_timeout: float = 60.0
     uvloop: bool = True
+    debug_endpoints: bool = False
     watch: WatchMode = "all"
     leader_election: LeaderElection = field(default_factory=LeaderElection)
     webhooks: Webhooks = field(default_factory=Webhooks)
@@ -484,6 +487,7 @@ _CHECKS: dict[str, _Check] = {
     "shutdown_timeout": _duration(),
     "start_timeout": _duration(),
     "uvloop": _boolean,
+    "debug_endpoints": _boolean,
     "watch": _choice(("all", "required")),
     "leader_election.enabled": _boolean,
     "leader_election.lease_name": _dns_name("subdomain"),

@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 import pytest
+from prometheus_client import REGISTRY
 
 from controllers import ManagedController
 from informers import ApiClient
@@ -44,13 +45,19 @@ def test_a_plugin_listed_twice_is_loaded_once(monkeypatch) -> None:
         assert list(load_plugins(specs, entry_points=False)) == ["configmap-mirror"], specs
 
 
+def master_status(name: str) -> float | None:
+    """client-go's leader_election_master_status of the Lease ``name``."""
+    return REGISTRY.get_sample_value("leader_election_master_status", {"name": name})
+
+
 async def test_losing_the_lease_ends_hold_without_exiting(control_plane) -> None:
     config = LeaderElection(enabled=True, lease_name="hold-test", lease_namespace="default", lease_duration=4,
                             renew_deadline=2, retry_period=0.3)
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
         elector = LeaderElector(client, config, identity="me")
+        assert master_status("hold-test") == 0.0
         await asyncio.wait_for(elector.acquire(), 10)
-        assert elector.is_leader
+        assert elector.is_leader and master_status("hold-test") == 1.0
         holding = asyncio.create_task(elector.hold())
         await asyncio.sleep(0.5)
         assert not holding.done()
@@ -59,7 +66,7 @@ async def test_losing_the_lease_ends_hold_without_exiting(control_plane) -> None
         lease["spec"]["leaseDurationSeconds"] = 60
         await client.request("PUT", elector.path, body=lease)
         await asyncio.wait_for(holding, 5)  # returns: leadership lost, the caller stops controllers and rejoins
-        assert not elector.is_leader and elector.observed_holder == "intruder"
+        assert not elector.is_leader and elector.observed_holder == "intruder" and master_status("hold-test") == 0.0
         # rejoining waits while the intruder's lease is fresh
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(elector.acquire(), 1.0)

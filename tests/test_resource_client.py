@@ -145,6 +145,30 @@ async def test_writes_without_a_field_manager_are_managed_by_kube_syncer(api: Ap
     assert [m["manager"] for m in named["metadata"]["managedFields"]] == ["mine"]
 
 
+async def test_requests_are_counted_as_client_go_counts_them(control_plane) -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as api:
+        host = api.host.split("://", 1)[1]
+        await api.request("GET", "/version")
+        with pytest.raises(ApiError):
+            await api.request("GET", "/api/v1/namespaces/default/configmaps/no-such-thing")
+        assert sample("rest_client_requests_total", code="200", method="GET", host=host) == 1
+        assert sample("rest_client_requests_total", code="404", method="GET", host=host) == 1
+        assert sample("rest_client_request_duration_seconds_count", verb="GET", host=host) == 2
+        closed = ApiClient.from_kubeconfig(str(control_plane.kubeconfig))
+        closed.host = "https://127.0.0.1:1"
+        with pytest.raises(OSError):
+            await closed.request("GET", "/version")
+        assert sample("rest_client_requests_total", code="<error>", method="GET", host="127.0.0.1:1") == 1
+        await closed.close()  # its series leave with it
+        assert sample("rest_client_requests_total", code="<error>", method="GET", host="127.0.0.1:1") == 0
+    assert sample("rest_client_requests_total", code="200", method="GET", host=host) == 0
+
+
 async def test_list_pages_through_and_types_items(api: ApiClient, namespace: str) -> None:
     cms = ResourceClient(api, CONFIGMAPS)
     for i in range(7):

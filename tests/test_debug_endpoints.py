@@ -1,0 +1,62 @@
+"""The opt-in debug endpoints: every task's stack, and where the event loop was when it stalled."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import aiohttp
+
+from syncer.http import StatusServer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def block_the_loop_for_a_while() -> None:
+    time.sleep(0.4)  # what a plugin must never do: the stall the watchdog is for
+
+
+async def serve(debug: bool) -> tuple[StatusServer, str]:
+    port = free_port()
+    server = StatusServer(f"127.0.0.1:{port}", lambda: {}, lambda: (True, []), lambda: None, debug=debug)
+    await server.start()
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def test_tasks_and_stalls_are_dumped_when_enabled() -> None:
+    server, url = await serve(debug=True)
+    parked = asyncio.create_task(asyncio.Event().wait(), name="parked-for-the-dump")
+    try:
+        await asyncio.sleep(0.1)
+        block_the_loop_for_a_while()
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):  # the stall is closed once the heartbeat runs again
+                async with http.get(f"{url}/debug/stalls") as resp:
+                    stalls = (await resp.json())["stalls"]
+                if stalls and stalls[-1]["seconds"] is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert stalls[-1]["seconds"] >= 0.3 and "block_the_loop_for_a_while" in stalls[-1]["stack"], stalls
+            async with http.get(f"{url}/debug/tasks") as resp:
+                dump = await resp.text()
+        assert "--- parked-for-the-dump (pending)" in dump and "debug: event loop heartbeat" in dump
+    finally:
+        parked.cancel()
+        await server.stop()
+    assert server.stall_watch is not None and server.stall_watch._thread is not None
+    assert not server.stall_watch._thread.is_alive()
+
+
+async def test_no_debug_endpoints_unless_enabled() -> None:
+    server, url = await serve(debug=False)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/debug/tasks") as resp:
+                assert resp.status == 404
+    finally:
+        await server.stop()
