@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from informers import GVR, ApiClient, Backoff, InformerSource, SharedIndexInformer, Subscription, Supervisor
-
+from informers.discovering_factory import NOT_SERVED_YET
 from informers.metrics import MetricSet
 
 from .context import ControllerContext, ReconcileStats
@@ -295,10 +295,10 @@ class ControllerManager:
         reason = (explain(gvr) if explain is not None else None) or _NOT_SERVED
         if r.waiting_logged.get(gvr) != reason:
             r.waiting_logged[gvr] = reason
-            # Waiting for an API that is not installed yet is the normal case; a configuration that keeps it
-            # out (a filter, missing permissions) is a mistake to point at.
-            self._log.log("INFO" if reason == _NOT_SERVED else "WARNING", "controller {} waits for {}: {}",
-                          r.name, gvr, reason)
+            # Waiting for an API that is being installed is the normal case; one that nothing provides (a typo, a
+            # CRD never applied) or that the configuration keeps out (a filter, permissions) is one to point at.
+            self._log.log("INFO" if reason in (_NOT_SERVED, NOT_SERVED_YET) else "WARNING",
+                          "controller {} waits for {}: {}", r.name, gvr, reason)
         return f"{gvr} ({reason})"
 
     async def _before_removal(self, gvr: GVR) -> None:

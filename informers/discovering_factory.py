@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry
 from .access_review import AccessReviewer, AccessReviewsFailed
 from .backoff import Backoff
 from .client import CONNECTION_ERRORS, ApiClient
-from .discovery import DiscoveryClient, DiscoveryForbidden, DiscoveryResult, ResourceInfo
+from .discovery import DiscoveryClient, DiscoveryForbidden, DiscoveryResult, ResourceInfo, not_served
 from .discovery_triggers import APISERVICES, CRDS, DiscoveryTriggers, InformerProvider
 from .errors import ApiError
 from .factory import DynamicSharedInformerFactory
@@ -62,6 +62,8 @@ WatchMode = Literal["all", "required"]
 _EXPECTED_ERRORS = (ApiError, *CONNECTION_ERRORS)
 _PASS_SLACK = 10.0  # a pass's own work besides its bounded waits, generously
 _NOT_REQUIRED = "not required by any controller"
+# ``explain``'s answer for a GVR that a CRD or an APIService is about to serve: waiting for it is normal.
+NOT_SERVED_YET = "not served yet: its CRD or APIService does not serve it yet"
 
 
 class GVRState(enum.StrEnum):
@@ -271,12 +273,18 @@ class DiscoveringDynamicSharedInformerFactory:
 
     def explain(self, gvr: GVR) -> str | None:
         """Why ``gvr`` has no informer, for whoever waits for it: ``excluded: ...``, ``forbidden: ...``, ``idle: not
-        required by any controller``, ``not served``; None when it has one (or the first pass has not run)."""
+        required by any controller``, ``not served yet`` (a CRD or an APIService for it is there, but does not serve
+        it yet), ``not served: ...`` (nothing provides it, with the closest served names); None when it has one
+        (or the first pass has not run)."""
         if self.last_pass is None or gvr in self._inner.informers():
             return None
         st = self._status.get(gvr)
         if st is None:
-            return "not served"
+            crd = (self.triggers.crds() or {}).get((gvr.group, gvr.resource))
+            if crd is not None and (not crd.established or gvr.version in crd.served) or \
+                    gvr.group_version in self.triggers.aggregated_group_versions():
+                return NOT_SERVED_YET
+            return not_served(gvr, self.last_pass.resources)
         if st.state in (GVRState.EXCLUDED, GVRState.FORBIDDEN, GVRState.IDLE):
             return f"{st.state.value}: {st.reason}"
         return None

@@ -14,9 +14,10 @@ must be able to tell it apart and say so.
 from __future__ import annotations
 
 import asyncio
+import difflib
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Awaitable, TypeVar
+from typing import Awaitable, Iterable, TypeVar
 
 from loguru import logger
 
@@ -67,6 +68,17 @@ class DiscoveryResult:
     stale_group_versions: set[str] = field(default_factory=set)
     requests: int = 0
     aggregated: bool = True
+
+
+def not_served(gvr: GVR, served: Iterable[GVR]) -> str:
+    """Why nobody will serve ``gvr`` soon, for a user who asked for it: nothing provides it, and the served
+    GVRs closest to it (a typo in the resource, the wrong version or group), to fix the name."""
+    served = list(served)
+    names = [str(g) for g in served]
+    close = difflib.get_close_matches(str(gvr), names, n=3, cutoff=0.7)
+    close += [str(g) for g in served if g.resource == gvr.resource and g.group == gvr.group and str(g) not in close]
+    hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
+    return f"not served: no CRD or APIService provides it{hint}"
 
 
 class DiscoveryClient:

@@ -27,7 +27,8 @@ from kubernetes.config.config_exception import ConfigException
 from loguru import logger
 
 from controllers.cluster import display_name
-from informers import ApiClient, ApiError, CredentialError, DiscoveryClient, ResourceFilter
+from informers import GVR, ApiClient, ApiError, CredentialError, DiscoveryClient, ResourceFilter
+from informers.discovery import not_served
 
 from .logs import logs_after, setup_logging
 from .plugins import PluginError, Plugins, load_plugins
@@ -290,6 +291,8 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
     declare, sharding and credentials; warnings follow (``logs_after``)."""
     controllers = _plugins(settings)
     host = None if args.local else _client(settings).host
+    # With --kubeconfig, the cluster it names is asked what it serves; otherwise nothing connects.
+    served = _served(_client(settings)) if args.kubeconfig and not args.local else None
     rules = ResourceFilter(settings.include, settings.exclude)
     for name, controller in sorted(controllers.items()):
         for gvr in controller.required_gvrs:
@@ -297,6 +300,9 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
             if why:
                 logger.warning("controller {} requires {}, which the settings exclude ({}): it would wait forever; "
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
+            elif served is not None and gvr not in served:
+                logger.warning("controller {} requires {}, which the API server {} does not serve ({}): it would "
+                               "wait until it does", name, gvr, host, not_served(gvr, served))
     fleet = sorted(controllers.fleet)
     components = sorted(c.name for c in controllers.components)
     _refuse_fleet_with_sharding(settings, controllers)
@@ -318,9 +324,40 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
     if sh.enabled:
         print(f"sharding: the {sh.unit_kind(settings.clusters.enabled)} are spread over the replicas of group "
               f"{sh.group!r} (Leases in namespace {sh.lease_namespace!r})")
-    print(f"credentials OK: API server {host} (not contacted)" if host else
+    print(f"credentials OK: API server {host} (" +
+          (f"answered: it serves {len(served)} resources)" if served is not None else "not contacted)") if host else
           "credentials: not checked (--local: a local control plane brings its own)")
     return 0
+
+
+def _served(client: ApiClient) -> set[GVR]:
+    """What ``client``'s API server serves (one discovery pass); UsageError or exit 1 as ``discover`` says."""
+    return {info.gvr for info in _discover(client)}
+
+
+class Unreachable(Exception):
+    """The API server could not be asked (exit code 1, not a usage error); the message says why."""
+
+
+def _discover(client: ApiClient) -> list[Any]:
+    """One discovery pass of ``client``'s API server, its resources sorted; UsageError for bad credentials,
+    Unreachable for a server that cannot be asked."""
+    async def main() -> list[Any]:
+        async with client:
+            result = await DiscoveryClient(client).discover()
+        return sorted(result.resources.values(), key=lambda i: (i.gvr.group, i.gvr.resource, i.gvr.version))
+
+    try:
+        return asyncio.run(main())
+    except ApiError as e:
+        if e.status in (401, 403):
+            raise UsageError(f"the API server {client.host} refused discovery ({e}); check the credentials in "
+                             "the 'kubeconfig' / 'context' / 'in_cluster' settings") from None
+        raise Unreachable(f"discovery failed at {client.host}: {e}") from None
+    except CredentialError as e:
+        raise UsageError(f"{e}; check the 'kubeconfig' / 'context' settings") from None
+    except (OSError, aiohttp.ClientError) as e:
+        raise Unreachable(f"cannot reach the API server {client.host}: {e}") from None
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
@@ -329,24 +366,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
     rules = ResourceFilter(settings.include, settings.exclude, namespaced_only=bool(settings.namespace),
                            preferred_version_only=settings.preferred_version_only)
 
-    async def main() -> list[Any]:
-        async with client:
-            result = await DiscoveryClient(client).discover()
-        return sorted(result.resources.values(), key=lambda i: (i.gvr.group, i.gvr.resource, i.gvr.version))
-
-    try:
-        infos = asyncio.run(main())
-    except ApiError as e:
-        if e.status in (401, 403):
-            raise UsageError(f"the API server {client.host} refused discovery ({e}); check the credentials in "
-                             "the 'kubeconfig' / 'context' / 'in_cluster' settings") from None
-        print(f"error: discovery failed at {client.host}: {e}", file=sys.stderr)
-        return 1
-    except CredentialError as e:
-        raise UsageError(f"{e}; check the 'kubeconfig' / 'context' settings") from None
-    except (OSError, aiohttp.ClientError) as e:
-        print(f"error: cannot reach the API server {client.host}: {e}", file=sys.stderr)
-        return 1
+    infos = _discover(client)
     rows = [("GVR", "KIND", "SCOPE", "VERBS", "WATCHED")]
     for info in infos:
         why = rules.why_excluded(info)
@@ -547,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Unreachable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C before the command installed its own handling (e.g. while starting)
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

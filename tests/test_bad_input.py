@@ -619,6 +619,34 @@ def test_a_controller_waiting_because_of_the_settings_says_why(tmp_path: Path, c
         car.stop()
 
 
+def test_a_controller_waiting_for_a_gvr_nobody_serves_is_warned_about(tmp_path: Path,
+                                                                      control_plane: ControlPlane) -> None:
+    # Not a GVR that a CRD is about to serve: one WARNING with the closest served names, in /status and
+    # `syncer status` too; check-config asks the cluster when given --kubeconfig.
+    from tests.test_syncer import Sidecar
+
+    why = "configmaps.v2 (not served: no CRD or APIService provides it; did you mean configmaps.v1?)"
+    car = Sidecar(tmp_path, str(control_plane.kubeconfig), plugins=("tests.plugins.wrong_version",))
+    try:
+        car.wait(lambda: any(why in c.get("missing", []) for c in car.status().get("controllers", [])),
+                 "the reason in /status")
+        car.wait(lambda: "WARNING controller wrong-version waits for configmaps.v2: not served" in car.log,
+                 "the warning")
+        code, out, err = finish(syncer("status", "--url", f"http://127.0.0.1:{car.port}/status"))
+        assert code == 0 and why in out, out + err
+        assert car.log.count("waits for configmaps.v2") == 1
+    finally:
+        car.stop()
+    (tmp_path / "s.toml").write_text('plugins = ["tests.plugins.wrong_version"]\ninclude = ["core/configmaps"]\n')
+    code, out, err = finish(syncer("check-config", "--settings", str(tmp_path / "s.toml"), "--kubeconfig",
+                                   str(control_plane.kubeconfig)))
+    assert code == 0, err
+    assert ("controller wrong-version requires configmaps.v2, which the API server https://127.0.0.1:"
+            in err and "does not serve (not served: no CRD or APIService provides it; did you mean configmaps.v1?)"
+            in err), err
+    assert "answered: it serves" in out
+
+
 def test_the_readme_lists_every_setting_as_enforced() -> None:
     code, out, err = finish(syncer("settings"))
     assert code == 0, err

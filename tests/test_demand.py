@@ -140,7 +140,12 @@ async def test_explain_says_why_a_required_gvr_is_not_watched() -> None:
         assert watched(f) == TRIGGERS
         assert f.explain(SECRETS) == "excluded: excluded by rule core/v1/secrets"
         assert (f.explain(PODS) or "").startswith("forbidden: ")
-        assert f.explain(GVR("example.com", "v1", "widgets")) == "not served"
+        assert f.explain(GVR("example.com", "v1", "widgets")) == "not served: no CRD or APIService provides it"
+        # a near miss of a served name gets the closest ones
+        assert f.explain(GVR("", "v1", "configmap")) == \
+            "not served: no CRD or APIService provides it; did you mean configmaps.v1?"
+        assert f.explain(GVR("", "v2", "configmaps")) == \
+            "not served: no CRD or APIService provides it; did you mean configmaps.v1?"
         # Served later: the pass that finds it starts it, as it is required.
         server.served.add(GVR("example.com", "v1", "widgets"))
         f.trigger()
@@ -282,7 +287,8 @@ async def test_a_required_crd_is_watched_while_it_exists_and_an_unrequired_one_o
     m = ControllerManager("demand-crd", f, {"widgets": controller(probe, widgets)}, backoff=fast_backoff)
     await m.start()
     try:
-        await eventually(lambda: m.status()["widgets"].missing == [f"{widgets} (not served)"], 10, "waiting")
+        await eventually(lambda: m.status()["widgets"].missing == [
+            f"{widgets} (not served: no CRD or APIService provides it)"], 10, "waiting")
         await create_crd(api, group, "gadgets", "Gadget")
         await create_crd(api, group)
         await eventually(lambda: probe.running == 1, 30, "the widgets controller running")
