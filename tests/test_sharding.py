@@ -143,6 +143,30 @@ class Recorder:
         return Counter(self.running.values())
 
 
+def unconverged(coordinators: dict[str, ShardCoordinator]) -> list[str]:
+    """Why the group of live ``coordinators`` (by identity) has not settled: each must see them all as members,
+    every unit must run on exactly one of them, with loads within one of each other, and no unit be anything but
+    running or elsewhere anywhere (``waiting``, handing over, ...). Empty once it has settled."""
+    found: list[str] = []
+    runners: dict[str, list[str]] = {}
+    for identity, c in coordinators.items():
+        status = c.status()
+        if len(status["members"]) != len(coordinators):
+            found.append(f"{identity} sees members {[m['identity'] for m in status['members']]}")
+        for u in status["units"]:
+            here = runners.setdefault(u["unit"], [])
+            if u["state"] == UnitState.RUNNING:
+                here.append(identity)
+            elif u["state"] != UnitState.ELSEWHERE:
+                found.append(f"{identity}: {u['unit']} {u['state']} (holder {u['holder']!r})")
+    found += [f"{u} running on {r or 'nobody'}" for u, r in sorted(runners.items()) if len(r) != 1]
+    loads = Counter(dict.fromkeys(coordinators, 0))
+    loads.update(r[0] for r in runners.values() if len(r) == 1)
+    if loads and max(loads.values()) - min(loads.values()) > 1:
+        found.append(f"loads {dict(sorted(loads.items()))}")
+    return found
+
+
 def config(namespace: str, **kw: Any) -> Sharding:
     base = dict(enabled=True, group="t", lease_namespace=namespace, lease_duration=3.0, renew_deadline=2.0,
                 retry_period=0.5, min_hold=0.0)
@@ -268,7 +292,8 @@ def test_sidecars_share_controllers_and_hand_them_over_on_sigterm(control_plane:
 
 async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane: Any, namespace: str) -> None:
     """Replicas that disagree on the units (a rollout adding a controller): a unit assigned, in the view of the
-    replicas that know it, to one that does not, is rescued after a lease duration instead of staying unowned."""
+    replicas that know it, to one that does not, is rescued after a lease duration instead of staying unowned;
+    once every replica knows every unit, the rescued ones go back to their assigned members and loads even out."""
     old, new = Recorder(6), Recorder(6)
     new.unit_names = old.unit_names | {f"n{i}" for i in range(6)}
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
@@ -281,6 +306,13 @@ async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane:
         await eventually(lambda: set(new.running) >= {f"n{i}" for i in range(6)} and
                          len(old.running) + len([u for u in new.running if u.startswith("u")]) == 6,
                          timeout=30, what="every unit running somewhere")
+        old.unit_names = new.unit_names  # the rollout is over: everyone knows the new units
+        group = {c.identity: c for c in coordinators}
+        try:
+            await eventually(lambda: not unconverged(group), timeout=3 * 3.0,
+                             what="within 3 lease durations, every unit on its assigned member, 4 each")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {unconverged(group)}") from None
         for c in coordinators:
             await c.stop()
         assert old.overlaps == [] and new.overlaps == []
