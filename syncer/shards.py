@@ -7,8 +7,10 @@ the same rules (``leader.py``, ``lease.py``).
   own monotonic clock, and since its first list of the Leases (one that died just before this replica started
   is not live); this replica counts itself while its own member Lease is renewed in time. A replica decides
   nothing for two retry periods after that first list, and the others hand it units only once they have known
-  it that long. After its own renewals lapsed (an outage) a replica judges every Lease afresh the same way, so
-  the first one back does not take every unit whose holder it could not see renewing.
+  it that long. After its own renewals lapsed (an outage, a pause) a replica judges every Lease afresh the same
+  way, so the first one back does not take every unit whose holder it could not see renewing; the others, once
+  they have not seen its member Lease change for ``renew_deadline``, count it as new again when it does. Each
+  member Lease carries a digest of the unit set its replica sees (``kube-syncer.io/shard-units``).
 - Assignment: rendezvous hashing with bounded loads over the live members (``rendezvous.py``): every replica
   computes the same owner for every unit without talking to the others.
 - Fencing: a replica starts a unit only after taking the unit's Lease, and its fence (``lease.RenewFence``:
@@ -24,9 +26,11 @@ the same rules (``leader.py``, ``lease.py``).
 - Takes are decided only on a view of the Lease that is as new as the cached object written over (the cache
   is filled before its handlers run), and only once the first list has been seen: a decision made on an older
   view would pass the resourceVersion check and take a unit from a live holder's hands.
-- No unit is left unowned: one free for a whole lease duration (members that disagree on the set of units, as
-  during a rollout that adds a controller, could each leave it to the other) is taken by any live member, which
-  keeps it until it stops. Member Leases of replicas that died are deleted after ten lease durations.
+- No unit is left unowned: one free for a whole lease duration while assigned to the same member, counted from
+  when that member decides (members that disagree on the set of units, as during a rollout that adds a
+  controller, could each leave it to the other), is taken by any live member. It keeps the unit until its
+  assigned member's Lease shows the same unit set (then it is handed over as any other: that member takes it).
+  Member Leases of replicas that died are deleted after ten lease durations.
 - Cost: one watch of the group's Leases per replica (holders, releases and expiry are seen there, not polled),
   and one PUT per held Lease per ``retry_period``: ``(units + replicas) / retry_period`` requests per second for
   the whole deployment at steady state.
