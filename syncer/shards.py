@@ -542,6 +542,7 @@ class ShardCoordinator:
             fence.renewed(sent)
             self._saw_own(u.lease, obj, sent)
             u.held, u.since, u.state, u.rescued = _Held(obj, fence), sent, UnitState.STARTING, rescue
+            u.unowned_since = None  # once handed on, it is free anew: its next assignee gets a whole chance
             if released:
                 _HANDOVERS.labels("in").inc()
             self._log.info("took unit {} (Lease {}, transitions {}){}", u.name, u.lease, fence.transitions,

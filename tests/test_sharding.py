@@ -313,6 +313,9 @@ async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane:
                              what="within 3 lease durations, every unit on its assigned member, 4 each")
         except AssertionError as e:
             raise AssertionError(f"{e}: {unconverged(group)}") from None
+        # Each went back in one step: handing it over did not make its rescuer rescue it again.
+        assert sorted(unit for unit, _, _ in new.tenures if unit.startswith("n")) == sorted(
+            f"n{i}" for i in range(6)), new.tenures
         for c in coordinators:
             await c.stop()
         assert old.overlaps == [] and new.overlaps == []

@@ -89,7 +89,8 @@ async def test_shards_converge_after_random_pauses_and_kills(control_plane: Any,
         await group.converged(30, "the group balanced before any fault")
         for round_ in range(ROUNDS):
             paused, killed = rng.sample(sorted(group.live), 2)
-            pause_for = rng.uniform(cfg.lease_duration + cfg.retry_period, 4 * cfg.lease_duration)
+            # Past renew_deadline (its fences lapse), not always past lease_duration (the others may not notice).
+            pause_for = rng.uniform(cfg.renew_deadline + cfg.retry_period, 4 * cfg.lease_duration)
             kill_at = rng.uniform(0, cfg.lease_duration)
             replace_at = kill_at + rng.uniform(0, 1.5 * cfg.lease_duration)
             plan = sorted([(0.0, "pause", paused), (kill_at, "kill", killed), (replace_at, "replace", killed),
