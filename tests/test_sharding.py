@@ -68,6 +68,15 @@ def test_expiry_is_judged_on_the_observers_clock_not_the_holders_renew_time() ->
     assert not seen.free("b", now=120.0) and seen.free("a", now=120.0) and seen.free("b", now=121.0)
 
 
+def test_a_holder_seen_renewing_again_after_a_quiet_starts_a_new_run() -> None:
+    seen = Observation()
+    spec = {"holderIdentity": "a", "renewTime": "t1", "leaseDurationSeconds": 10}
+    assert seen.see(spec, now=100.0, restart_after=4.0) and seen.since == 100.0
+    assert seen.see({**spec, "renewTime": "t2"}, now=103.0, restart_after=4.0) and seen.since == 100.0
+    assert seen.see({**spec, "renewTime": "t3"}, now=107.5, restart_after=4.0) and seen.since == 107.5  # a pause
+    assert seen.see({**spec, "renewTime": "t4"}, now=120.0) and seen.since == 107.5  # no restart_after: never
+
+
 def test_a_new_holder_counts_one_transition_and_a_renewal_none() -> None:
     first = holder_spec(None, "a", 15)
     assert first["leaseTransitions"] == 0 and first["holderIdentity"] == "a"
