@@ -138,7 +138,7 @@ class _Unit:
     since: float = 0.0  # when this replica took it
     task: asyncio.Task[None] | None = None  # its start or stop
     taking: bool = field(default=False)
-    unowned_since: float | None = None  # when this replica first saw it free while assigned elsewhere
+    unowned_since: float | None = None  # since when it is free here, assigned to one settled member elsewhere
     rescued: bool = False  # taken while assigned elsewhere: kept until its assignee is seen to know the units
 
 
