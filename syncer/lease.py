@@ -72,19 +72,21 @@ class Observation:
     transitions: int = 0
     at: float = float("-inf")
     deleted: bool = False  # the Lease was deleted: what it said last still counts until it expires
-    first: float | None = None  # when this process first saw the Lease
+    since: float | None = None  # when this process first saw the Lease, or saw it change after a long quiet
 
-    def see(self, spec: dict[str, Any] | None, now: float | None = None) -> bool:
-        """Record ``spec`` as seen now; True if the record changed (only a change restarts the clock)."""
+    def see(self, spec: dict[str, Any] | None, now: float | None = None, restart_after: float = math.inf) -> bool:
+        """Record ``spec`` as seen now; True if the record changed (only a change restarts the clock). A change
+        after ``restart_after`` seconds without one also restarts ``since`` (a holder back from a pause)."""
         record = _record(spec)
         self.transitions = int((spec or {}).get("leaseTransitions") or 0)
         if self.matches(spec) and not self.deleted:
             return False
+        now = time.monotonic() if now is None else now
+        if self.since is None or now - self.at >= restart_after:
+            self.since = now
         self.deleted = False
         self.holder, self.renew_time, self.duration = record
-        self.at = time.monotonic() if now is None else now
-        if self.first is None:
-            self.first = self.at
+        self.at = now
         return True
 
     def matches(self, spec: dict[str, Any] | None) -> bool:

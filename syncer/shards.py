@@ -7,8 +7,10 @@ the same rules (``leader.py``, ``lease.py``).
   own monotonic clock, and since its first list of the Leases (one that died just before this replica started
   is not live); this replica counts itself while its own member Lease is renewed in time. A replica decides
   nothing for two retry periods after that first list, and the others hand it units only once they have known
-  it that long. After its own renewals lapsed (an outage) a replica judges every Lease afresh the same way, so
-  the first one back does not take every unit whose holder it could not see renewing.
+  it that long. After its own renewals lapsed (an outage, a pause) a replica judges every Lease afresh the same
+  way, so the first one back does not take every unit whose holder it could not see renewing; the others, once
+  they have not seen its member Lease change for ``renew_deadline``, count it as new again when it does. Each
+  member Lease carries a digest of the unit set its replica sees (``kube-syncer.io/shard-units``).
 - Assignment: rendezvous hashing with bounded loads over the live members (``rendezvous.py``): every replica
   computes the same owner for every unit without talking to the others.
 - Fencing: a replica starts a unit only after taking the unit's Lease, and its fence (``lease.RenewFence``:
@@ -24,9 +26,11 @@ the same rules (``leader.py``, ``lease.py``).
 - Takes are decided only on a view of the Lease that is as new as the cached object written over (the cache
   is filled before its handlers run), and only once the first list has been seen: a decision made on an older
   view would pass the resourceVersion check and take a unit from a live holder's hands.
-- No unit is left unowned: one free for a whole lease duration (members that disagree on the set of units, as
-  during a rollout that adds a controller, could each leave it to the other) is taken by any live member, which
-  keeps it until it stops. Member Leases of replicas that died are deleted after ten lease durations.
+- No unit is left unowned: one free for a whole lease duration while assigned to the same member, counted from
+  when that member decides (members that disagree on the set of units, as during a rollout that adds a
+  controller, could each leave it to the other), is taken by any live member. It keeps the unit until its
+  assigned member's Lease shows the same unit set (then it is handed over as any other: that member takes it).
+  Member Leases of replicas that died are deleted after ten lease durations.
 - Cost: one watch of the group's Leases per replica (holders, releases and expiry are seen there, not polled),
   and one PUT per held Lease per ``retry_period``: ``(units + replicas) / retry_period`` requests per second for
   the whole deployment at steady state.
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import hashlib
+import math
 import re
 import time
 import weakref
@@ -64,6 +69,7 @@ LEASES = GVR("coordination.k8s.io", "v1", "leases")
 GROUP_LABEL = "kube-syncer.io/shard-group"
 ROLE_LABEL = "kube-syncer.io/shard-role"
 UNIT_ANNOTATION = "kube-syncer.io/shard-unit"
+UNITS_ANNOTATION = "kube-syncer.io/shard-units"  # on a member Lease: a digest of the unit set that member sees
 _HANDOVERS = Counter("syncer_shard_handovers_total", "Units this replica handed over (out) or took from a "
                      "release (in).", ["direction"])
 _LOST = Counter("syncer_shard_units_lost_total", "Units this replica stopped because their Lease was not renewed "
@@ -132,8 +138,8 @@ class _Unit:
     since: float = 0.0  # when this replica took it
     task: asyncio.Task[None] | None = None  # its start or stop
     taking: bool = field(default=False)
-    unowned_since: float | None = None  # when this replica first saw it free while assigned elsewhere
-    rescued: bool = False  # taken while assigned elsewhere: kept until this replica stops or loses it
+    unowned_since: float | None = None  # since when it is free here, assigned to one settled member elsewhere
+    rescued: bool = False  # taken while assigned elsewhere: kept until its assignee is seen to know the units
 
 
 class ShardCoordinator:
@@ -266,8 +272,11 @@ class ShardCoordinator:
     def _saw(self, obj: Obj) -> None:
         name = obj["metadata"]["name"]
         seen = self._seen.setdefault(name, Observation())
-        holder = seen.holder
-        if seen.see(obj.get("spec")) and (seen.holder != holder or self._is_member(name)) or not holder:
+        holder, member = seen.holder, self._is_member(name)
+        # A member not seen renewing for renew_deadline has (most likely) let its own fence lapse: back, it judges
+        # every Lease afresh, as a new member does, and is settled only two retry periods later.
+        if seen.see(obj.get("spec"), restart_after=self.config.renew_deadline if member else math.inf) and \
+                (seen.holder != holder or member) or not holder:
             self._wake.set()  # a holder changed, a member renewed: not every unit renewal wakes the loop
 
     def _gone(self, obj: Obj | DeletedFinalStateUnknown) -> None:
@@ -331,14 +340,15 @@ class ShardCoordinator:
         owners = self._assign(names, members) if live else {}
         for name in sorted(names | set(self._units)):
             u = self._units.get(name) or self._units.setdefault(name, _Unit(name, _unit_lease(cfg.group, name)))
-            u.assigned = owners.get(name, "")
+            if owners.get(name, "") != u.assigned:
+                u.assigned, u.unowned_since = owners.get(name, ""), None  # a new assignee gets a whole chance
             if u.held is not None and u.state in _OWNED:
                 if u.assigned == self.identity:
                     u.rescued = False  # ours by assignment now: it moves with the assignment again
                 if self._closing or name not in names:
                     self._end(u, release=True, why="this replica is stopping" if self._closing else "it is gone")
                 elif live and u.assigned and u.assigned != self.identity and now - u.since >= cfg.min_hold and \
-                        not u.rescued and self._settled(u.assigned, now):
+                        (not u.rescued or self._knows(u.assigned, names)) and self._settled(u.assigned, now):
                     self._end(u, release=True, why=f"assigned to {u.assigned}")
             elif u.held is None and u.task is None and not u.taking:
                 if self._closing or self.stuck or name not in names:  # stuck: the process is about to exit
@@ -354,11 +364,13 @@ class ShardCoordinator:
                         self._take_soon(u, current)
                 else:
                     u.state = UnitState.ELSEWHERE
-                    # Nobody took it for a whole lease duration after it was seen free (or without a Lease at
-                    # all): members that disagree on the units (a rollout adding a controller, a Secret not seen
-                    # everywhere yet) could each leave it to the other. Any live member rescues it (the assignment
-                    # would only hand it back to a member that does not take it, so it stays here).
-                    if seen is not None and seen.holder and not seen.expired(now, cfg.lease_duration):
+                    # Its assignee did not take it for a whole lease duration after it was seen free (or without
+                    # a Lease at all): members that disagree on the units (a rollout adding a controller, a Secret
+                    # not seen everywhere yet) could each leave it to the other. Any live member rescues it. The
+                    # clock runs only once the assignee decides: a member that just joined, or came back from a
+                    # pause, judges every Lease afresh and may take this one only a lease duration after that.
+                    if seen is not None and seen.holder and not seen.expired(now, cfg.lease_duration) or \
+                            not self._settled(u.assigned, now):
                         u.unowned_since = None
                     elif u.unowned_since is None:
                         u.unowned_since = now
@@ -369,10 +381,24 @@ class ShardCoordinator:
 
     def _settled(self, member: str, now: float) -> bool:
         """Whether ``member`` has been a member long enough to decide, hence to take what is handed to it (a new
-        replica decides nothing for two retry periods after its first list of the Leases; until then a unit
-        released to it would run nowhere)."""
+        replica, or one whose renewals lapsed, decides nothing for two retry periods after its first list of the
+        Leases or its return; until then a unit released to it would run nowhere)."""
         seen = self._seen.get(_member_lease(self.config.group, member))
-        return seen is not None and seen.first is not None and now - seen.first >= 2 * self.config.retry_period
+        return seen is not None and seen.since is not None and now - seen.since >= 2 * self.config.retry_period
+
+    def _knows(self, member: str, names: set[str]) -> bool:
+        """Whether ``member``'s Lease says it sees the same units as this replica: then it computes the same
+        assignment, and takes a unit handed to it. A rescued unit goes back only then (handing it to a member
+        that does not know it would leave it unowned again)."""
+        lease = self._informer.lister.get(_member_lease(self.config.group, member), self._ns)
+        annotations = (lease or {}).get("metadata", {}).get("annotations") or {}
+        return annotations.get(UNITS_ANNOTATION) == _units_digest(names)
+
+    def _advertised(self, obj: Obj) -> Obj:
+        """``obj``, this replica's member Lease, saying which units this replica sees (``_knows``)."""
+        meta = obj["metadata"]
+        annotations = {**(meta.get("annotations") or {}), UNITS_ANNOTATION: _units_digest(self.units.names())}
+        return {**obj, "metadata": {**meta, "annotations": annotations}}
 
     def _assign(self, names: set[str], members: list[str]) -> dict[str, str]:
         key = (frozenset(names), frozenset(members))
@@ -391,8 +417,8 @@ class ShardCoordinator:
         try:
             spec = holder_spec(None, self.identity, self.config.lease_duration)
             sent = time.monotonic()
-            body = lease_body(self._ns, self._member_lease, spec, {GROUP_LABEL: self.config.group,
-                                                                   ROLE_LABEL: "member"})
+            body = self._advertised(lease_body(self._ns, self._member_lease, spec, {
+                GROUP_LABEL: self.config.group, ROLE_LABEL: "member"}))
             try:
                 obj = await self.client.request("POST", self._path, timeout=self.config.renew_deadline, body=body)
             except ApiError as e:
@@ -402,8 +428,8 @@ class ShardCoordinator:
                 current = await self.client.request("GET", f"{self._path}/{self._member_lease}",
                                                     timeout=self.config.renew_deadline)
                 sent = time.monotonic()
-                obj = await self.client.request("PUT", f"{self._path}/{self._member_lease}", body={
-                    **current, "spec": holder_spec(current.get("spec"), self.identity, self.config.lease_duration)},
+                obj = await self.client.request("PUT", f"{self._path}/{self._member_lease}", body=self._advertised({
+                    **current, "spec": holder_spec(current.get("spec"), self.identity, self.config.lease_duration)}),
                     timeout=self.config.renew_deadline)
         except (ApiError, *CONNECTION_ERRORS) as e:
             self._log.warning("cannot create member Lease {}/{}: {}", self._ns, self._member_lease, describe_error(e))
@@ -431,8 +457,9 @@ class ShardCoordinator:
             # a slow server cannot answer at all.
             timeout = min(self.config.renew_deadline, max(held.fence.remaining(), self.config.retry_period))
             try:
-                obj = await self.client.request("PUT", f"{self._path}/{name}", body={**held.obj, "spec": spec},
-                                                timeout=timeout)
+                body = {**held.obj, "spec": spec}
+                obj = await self.client.request("PUT", f"{self._path}/{name}", timeout=timeout,
+                                                body=self._advertised(body) if unit is None else body)
             except ApiError as e:
                 current = self._informer.lister.get(name, self._ns)
                 if e.status in (404, 409) and (current is None or (current.get("spec") or {}).get(
@@ -515,6 +542,7 @@ class ShardCoordinator:
             fence.renewed(sent)
             self._saw_own(u.lease, obj, sent)
             u.held, u.since, u.state, u.rescued = _Held(obj, fence), sent, UnitState.STARTING, rescue
+            u.unowned_since = None  # once handed on, it is free anew: its next assignee gets a whole chance
             if released:
                 _HANDOVERS.labels("in").inc()
             self._log.info("took unit {} (Lease {}, transitions {}){}", u.name, u.lease, fence.transitions,
@@ -665,6 +693,10 @@ def _version(obj: Obj) -> int:
 
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _units_digest(names: set[str]) -> str:
+    return _digest("\0".join(sorted(names)))
 
 
 def _member_lease(group: str, identity: str) -> str:

@@ -68,6 +68,15 @@ def test_expiry_is_judged_on_the_observers_clock_not_the_holders_renew_time() ->
     assert not seen.free("b", now=120.0) and seen.free("a", now=120.0) and seen.free("b", now=121.0)
 
 
+def test_a_holder_seen_renewing_again_after_a_quiet_starts_a_new_run() -> None:
+    seen = Observation()
+    spec = {"holderIdentity": "a", "renewTime": "t1", "leaseDurationSeconds": 10}
+    assert seen.see(spec, now=100.0, restart_after=4.0) and seen.since == 100.0
+    assert seen.see({**spec, "renewTime": "t2"}, now=103.0, restart_after=4.0) and seen.since == 100.0
+    assert seen.see({**spec, "renewTime": "t3"}, now=107.5, restart_after=4.0) and seen.since == 107.5  # a pause
+    assert seen.see({**spec, "renewTime": "t4"}, now=120.0) and seen.since == 107.5  # no restart_after: never
+
+
 def test_a_new_holder_counts_one_transition_and_a_renewal_none() -> None:
     first = holder_spec(None, "a", 15)
     assert first["leaseTransitions"] == 0 and first["holderIdentity"] == "a"
@@ -141,6 +150,30 @@ class Recorder:
 
     def owned(self) -> Counter[str]:
         return Counter(self.running.values())
+
+
+def unconverged(coordinators: dict[str, ShardCoordinator]) -> list[str]:
+    """Why the group of live ``coordinators`` (by identity) has not settled: each must see them all as members,
+    every unit must run on exactly one of them, with loads within one of each other, and no unit be anything but
+    running or elsewhere anywhere (``waiting``, handing over, ...). Empty once it has settled."""
+    found: list[str] = []
+    runners: dict[str, list[str]] = {}
+    for identity, c in coordinators.items():
+        status = c.status()
+        if len(status["members"]) != len(coordinators):
+            found.append(f"{identity} sees members {[m['identity'] for m in status['members']]}")
+        for u in status["units"]:
+            here = runners.setdefault(u["unit"], [])
+            if u["state"] == UnitState.RUNNING:
+                here.append(identity)
+            elif u["state"] != UnitState.ELSEWHERE:
+                found.append(f"{identity}: {u['unit']} {u['state']} (holder {u['holder']!r})")
+    found += [f"{u} running on {r or 'nobody'}" for u, r in sorted(runners.items()) if len(r) != 1]
+    loads = Counter(dict.fromkeys(coordinators, 0))
+    loads.update(r[0] for r in runners.values() if len(r) == 1)
+    if loads and max(loads.values()) - min(loads.values()) > 1:
+        found.append(f"loads {dict(sorted(loads.items()))}")
+    return found
 
 
 def config(namespace: str, **kw: Any) -> Sharding:
@@ -268,7 +301,8 @@ def test_sidecars_share_controllers_and_hand_them_over_on_sigterm(control_plane:
 
 async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane: Any, namespace: str) -> None:
     """Replicas that disagree on the units (a rollout adding a controller): a unit assigned, in the view of the
-    replicas that know it, to one that does not, is rescued after a lease duration instead of staying unowned."""
+    replicas that know it, to one that does not, is rescued after a lease duration instead of staying unowned;
+    once every replica knows every unit, the rescued ones go back to their assigned members and loads even out."""
     old, new = Recorder(6), Recorder(6)
     new.unit_names = old.unit_names | {f"n{i}" for i in range(6)}
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
@@ -281,6 +315,16 @@ async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane:
         await eventually(lambda: set(new.running) >= {f"n{i}" for i in range(6)} and
                          len(old.running) + len([u for u in new.running if u.startswith("u")]) == 6,
                          timeout=30, what="every unit running somewhere")
+        old.unit_names = new.unit_names  # the rollout is over: everyone knows the new units
+        group = {c.identity: c for c in coordinators}
+        try:
+            await eventually(lambda: not unconverged(group), timeout=3 * 3.0,
+                             what="within 3 lease durations, every unit on its assigned member, 4 each")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {unconverged(group)}") from None
+        # Each went back in one step: handing it over did not make its rescuer rescue it again.
+        assert sorted(unit for unit, _, _ in new.tenures if unit.startswith("n")) == sorted(
+            f"n{i}" for i in range(6)), new.tenures
         for c in coordinators:
             await c.stop()
         assert old.overlaps == [] and new.overlaps == []
