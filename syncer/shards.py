@@ -169,6 +169,7 @@ class ShardCoordinator:
         self._member: _Held | None = None
         self._joining = False
         self._join_after = 0.0
+        self._denied: dict[str, str] = {}  # verb -> the last Lease write of it refused (401/403), until one succeeds
         self._started_at = float("inf")
         self._seen: dict[str, Observation] = {}  # Lease name -> what this replica saw of it
         self._units: dict[str, _Unit] = {}
@@ -234,14 +235,28 @@ class ShardCoordinator:
         return sorted(members)
 
     def health(self) -> list[dict[str, Any]]:
-        """``{name, healthy, message}``: unhealthy while the group's Leases cannot be listed (RBAC, say) for three
-        lease durations: this replica can then take no unit, and nothing else would say why."""
+        """``{name, healthy, message}``: unhealthy at once when the credentials may not list, watch or write the
+        group's Leases (RBAC: no wait makes that better), and while they cannot be listed for another reason for
+        three lease durations: this replica can then take no unit, and nothing else would say why."""
         synced = self._watching.has_synced()
         late = time.monotonic() - self._started_at > 3 * self.config.lease_duration
         error = self._informer.reflector.last_error
+        if isinstance(error, ApiError) and error.status in (401, 403):
+            return [{"name": "shard coordinator", "healthy": False,
+                     "message": f"cannot list or watch Leases in namespace {self._ns!r}: {describe_error(error)}"}]
+        if self._denied:
+            return [{"name": "shard coordinator", "healthy": False, "message": "; ".join(self._denied.values())}]
         return [{"name": "shard coordinator", "healthy": synced or not late,
                  "message": "watching the group's Leases" if synced else
                  f"cannot list Leases in namespace {self._ns!r}: {error or 'no answer yet'}"}]
+
+    def _refused(self, verb: str, e: BaseException | None) -> None:
+        """Note the outcome of a Lease write (``verb``: create or update): a refusal for the credentials (what the
+        health says), or a success (``e`` None), which clears the verb's."""
+        if e is None:
+            self._denied.pop(verb, None)
+        elif isinstance(e, ApiError) and e.status in (401, 403):
+            self._denied[verb] = f"cannot {verb} Leases in namespace {self._ns!r}: {describe_error(e)}"
 
     def status(self) -> dict[str, Any]:
         """Members, every known unit (state here, holder seen, assigned member), and handovers in progress."""
@@ -433,10 +448,12 @@ class ShardCoordinator:
                     timeout=self.config.renew_deadline)
         except (ApiError, *CONNECTION_ERRORS) as e:
             self._log.warning("cannot create member Lease {}/{}: {}", self._ns, self._member_lease, describe_error(e))
+            self._refused("create", e)
             self._join_after = time.monotonic() + self.config.retry_period
             return
         finally:
             self._joining = False
+        self._refused("create", None)
         fence = RenewFence(self.config.renew_deadline)
         fence.renewed(sent)
         self._member = _Held(obj, fence)
@@ -473,10 +490,12 @@ class ShardCoordinator:
                     held.obj = current  # still ours, a stale resourceVersion: the next round writes over it
                 else:
                     self._log.warning("cannot renew Lease {}: {}", name, e)
+                    self._refused("update", e)
                 return
             except CONNECTION_ERRORS as e:
                 self._log.warning("cannot reach the API server to renew Lease {}: {}", name, describe_error(e))
                 return
+            self._refused("update", None)
             held.obj = obj
             lapsed = not held.fence.valid()
             if unit is None and not held.closed:  # membership goes on, on a fresh view if it had lapsed
@@ -533,10 +552,12 @@ class ShardCoordinator:
             except ApiError as e:
                 if e.status != 409:  # 409: another replica wrote first (or our cache is behind); the watch tells
                     self._log.warning("cannot take Lease {} of unit {}: {}", u.lease, u.name, e)
+                    self._refused("create" if current is None else "update", e)
                 return
             except CONNECTION_ERRORS as e:
                 self._log.warning("cannot reach the API server to take unit {}: {}", u.name, describe_error(e))
                 return
+            self._refused("create" if current is None else "update", None)
             fence = UnitFence(u.name, self.identity, int(obj["spec"].get("leaseTransitions") or 0),
                               self.config.renew_deadline)
             fence.renewed(sent)

@@ -17,6 +17,7 @@ from syncer.lease import Observation, holder_spec
 from syncer.rendezvous import assign
 from syncer.settings import Sharding, SettingsError, load_settings
 from syncer.shards import ShardCoordinator, UnitFence, UnitState
+from syncer.testing.controlplane import RESTRICTED_USER
 from tests.helpers import eventually
 from tests.test_syncer import sidecars  # noqa: F401 (fixture)
 
@@ -233,6 +234,41 @@ async def test_coordinators_balance_hand_over_and_take_over(control_plane: Any, 
             last[unit] = transitions
         await asyncio.sleep(0)
         assert len(asyncio.all_tasks()) <= tasks_before
+
+
+async def test_a_replica_whose_credentials_may_not_coordinate_is_unhealthy_at_once(control_plane: Any,
+                                                                                  namespace: str) -> None:
+    # RBAC does not get better by waiting: no grace period (a lease of 30 s would have given 90 s of "healthy").
+    recorder = Recorder(2)
+    cfg = config(namespace, lease_duration=30.0, renew_deadline=20.0, retry_period=0.5)
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as admin, \
+            ApiClient.from_kubeconfig(str(control_plane.kubeconfig), context="restricted") as restricted:
+        c = ShardCoordinator(restricted, cfg, "r0", recorder.kind_for("r0"))
+        await c.start()
+        try:
+            def health() -> tuple[bool, str]:
+                [h] = c.health()
+                return h["healthy"], h["message"]
+
+            await eventually(lambda: not health()[0], 10, "unhealthy without list/watch")
+            assert health()[1].startswith(f"cannot list or watch Leases in namespace {namespace!r}: 403 Forbidden")
+            await admin.request("POST", f"{rbac}/roles", body={
+                "metadata": {"name": "leases"}, "rules": [{"apiGroups": ["coordination.k8s.io"],
+                                                          "resources": ["leases"], "verbs": ["get", "list", "watch"]}]})
+            await admin.request("POST", f"{rbac}/rolebindings", body={
+                "metadata": {"name": "leases"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                            "name": "leases"},
+                "subjects": [{"kind": "User", "name": RESTRICTED_USER}]})
+            await eventually(lambda: health()[1].startswith(f"cannot create Leases in namespace {namespace!r}: 403"),
+                             15, "unhealthy: may list but not create")
+            assert not health()[0]
+            role = await admin.request("GET", f"{rbac}/roles/leases")
+            role["rules"][0]["verbs"] += ["create", "update", "delete"]
+            await admin.request("PUT", f"{rbac}/roles/leases", body=role)
+            await eventually(lambda: health()[0] and sum(recorder.owned().values()) == 2, 15, "healthy and working")
+        finally:
+            await c.stop()
 
 
 async def test_a_unit_whose_lease_is_taken_stops_at_once(control_plane: Any, namespace: str) -> None:
