@@ -4,14 +4,13 @@ lease durations of the last fault: every unit running on exactly one replica, lo
 bound of ``syncer/rendezvous.py``), no unit ``waiting`` anywhere, and never two tenures' fences valid at once.
 
 A pause is a replica's loop stopped without releasing anything, as a SIGSTOP would: no renewals, no decisions,
-its fences lapse on their own; a kill stops it for good. The seed is ``$SHARD_FAULT_SEED`` (printed; fixed by
+its fences lapse on their own; a kill stops it for good. The seed is the suite's (``--seed``, printed; fixed by
 default, so CI repeats one schedule); the faults are timed from the seed, the checks wait for conditions.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from typing import Any
@@ -21,15 +20,14 @@ from syncer.shards import ShardCoordinator
 from tests.helpers import eventually
 from tests.test_sharding import Recorder, config, unconverged
 
-SEED = int(os.environ.get("SHARD_FAULT_SEED", "2"))
 REPLICAS, UNITS, ROUNDS = 4, 24, 3
 
 
 class Group:
     """The replicas of one shard group in this process, started, paused, resumed and killed by the test."""
 
-    def __init__(self, client: ApiClient, namespace: str, recorder: Recorder) -> None:
-        self.client, self.namespace, self.recorder = client, namespace, recorder
+    def __init__(self, client: ApiClient, namespace: str, recorder: Recorder, seed: int) -> None:
+        self.client, self.namespace, self.recorder, self.seed = client, namespace, recorder, seed
         self.live: dict[str, ShardCoordinator] = {}
         self.paused: set[str] = set()
         self._born = 0
@@ -73,17 +71,16 @@ class Group:
         try:
             await eventually(lambda: not self.problems(), timeout=within, what=what)
         except AssertionError as e:
-            raise AssertionError(f"{e} (seed {SEED}): {self.problems()}") from None
+            raise AssertionError(f"{e} (seed {self.seed}): {self.problems()}") from None
         return time.monotonic() - began
 
 
-async def test_shards_converge_after_random_pauses_and_kills(control_plane: Any, namespace: str) -> None:
-    print(f"SHARD_FAULT_SEED={SEED}", flush=True)
-    rng = random.Random(SEED)
+async def test_shards_converge_after_random_pauses_and_kills(control_plane: Any, namespace: str, seed: int) -> None:
+    rng = random.Random(seed)
     cfg = config(namespace)
     recorder = Recorder(UNITS)
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
-        group = Group(client, namespace, recorder)
+        group = Group(client, namespace, recorder, seed)
         for _ in range(REPLICAS):
             await group.add()
         await group.converged(30, "the group balanced before any fault")
@@ -117,4 +114,4 @@ async def test_shards_converge_after_random_pauses_and_kills(control_plane: Any,
     assert recorder.overlaps == [] and recorder.running == {}
     holders: dict[tuple[str, int], str] = {}
     for unit, holder, transitions in recorder.tenures:
-        assert holders.setdefault((unit, transitions), holder) == holder, (unit, transitions, SEED)
+        assert holders.setdefault((unit, transitions), holder) == holder, (unit, transitions, seed)
