@@ -12,7 +12,7 @@ from .manager import (
 from .metrics import ReconcileMetrics, reconcile_metrics
 from .owners import AlreadyOwnedError, owner_requests, set_controller_reference, set_owner_reference
 from .predicates import (
-    Predicate, WatchEvent, and_, annotations_changed, generation_changed, labels_changed, not_, or_,
+    Predicate, WatchEvent, and_, annotations_changed, fields_match, generation_changed, labels_changed, not_, or_,
     resource_version_changed,
 )
 from .ratelimiter import (
@@ -33,7 +33,7 @@ __all__ = [
     "AlreadyOwnedError", "DEFAULT_RETRY", "EventRecorder", "EventType", "OperationResult", "RetryBackoff",
     "add_finalizer", "create_or_patch", "create_or_update", "has_finalizer", "owner_requests", "remove_finalizer",
     "retry_on_conflict", "semantic_equal", "set_controller_reference", "set_owner_reference",
-    "Predicate", "ReconcileContext", "ReconcileMetrics", "WatchEvent", "and_", "annotations_changed",
+    "Predicate", "ReconcileContext", "ReconcileMetrics", "WatchEvent", "and_", "annotations_changed", "fields_match",
     "generation_changed", "labels_changed", "not_", "or_", "reconcile_metrics", "resource_version_changed",
     "ManagedSub", "SubFactory", "UnionController",
 ]

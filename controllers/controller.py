@@ -50,7 +50,7 @@ from .events import EventRecorder
 from .finalizers import add_finalizer, has_finalizer, remove_finalizer
 from .metrics import reconcile_metrics
 from .owners import owner_requests
-from .predicates import Predicate, WatchEvent, WatchEventType
+from .predicates import Predicate, WatchEvent, WatchEventType, fields_match
 from .ratelimiter import RateLimiter
 from .reconcile import Request, Result
 from .worker import run_worker, still_in_term
@@ -138,6 +138,10 @@ def _object_predicate(test: Callable[[Any], bool]) -> Predicate:
     return lambda event: test(event.obj)
 
 
+def _with_fields(predicates: Sequence[Predicate], field_selector: str | None) -> tuple[Predicate, ...]:
+    return (*predicates, fields_match(field_selector)) if field_selector else tuple(predicates)
+
+
 def _gvr(source: Source) -> GVR:
     return source.gvr if isinstance(source, SharedIndexInformer) else source
 
@@ -204,29 +208,33 @@ class Controller:
         self._log = logger.bind(controller=name)
 
     # -- building ----------------------------------------------------------------------------------------
-    def for_(self, source: Source, predicates: Sequence[Predicate] = ()) -> "Controller":
+    def for_(self, source: Source, predicates: Sequence[Predicate] = (), *,
+             field_selector: str | None = None) -> "Controller":
         """The primary resource: each of its objects that an event passing ``predicates`` concerns is a
-        request. Once per controller."""
+        request. Once per controller. ``field_selector`` (every method takes one) keeps the events of objects
+        that match it (``fields_match``): judged here, on the informer the controller shares; to have the server
+        filter, and the cache hold only those objects, set the sidecar's ``field_selectors``."""
         if self._primary is not None:
             raise ValueError(f"controller {self.name}: for_() was already called (for {self._primary})")
         self._primary = _gvr(source)
-        self._watches.append(_Watch(source, _own, tuple(predicates)))
+        self._watches.append(_Watch(source, _own, _with_fields(predicates, field_selector)))
         return self
 
-    def owns(self, source: Source, predicates: Sequence[Predicate] = ()) -> "Controller":
+    def owns(self, source: Source, predicates: Sequence[Predicate] = (), *,
+             field_selector: str | None = None) -> "Controller":
         """Objects controlled by a primary object (its controller owner reference, see
         ``set_controller_reference``): an event on one, passing ``predicates``, is a request for the owner; an
         update that changes the owner is one for both, a delete one for the last owner."""
-        self._watches.append(_Watch(source, None, tuple(predicates)))
+        self._watches.append(_Watch(source, None, _with_fields(predicates, field_selector)))
         return self
 
     def watches(self, source: Source, map_fn: MapFunc = _own, predicates: Sequence[Predicate] = (), *,
-                predicate: Callable[[Any], bool] | None = None) -> "Controller":
+                predicate: Callable[[Any], bool] | None = None, field_selector: str | None = None) -> "Controller":
         """Any source: ``map_fn(obj)`` names the requests of an object (by default the object itself; on an
         update, both the old and the new object are mapped). ``predicate`` is the older form of a filter, a test
         of the object alone (the new one on updates)."""
         extra = (_object_predicate(predicate),) if predicate is not None else ()
-        self._watches.append(_Watch(source, map_fn, (*predicates, *extra)))
+        self._watches.append(_Watch(source, map_fn, _with_fields((*predicates, *extra), field_selector)))
         return self
 
     watch = watches

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from informers.field_selector import FieldSelector
 from informers.resource import Object
 
 WatchEventType = Literal["add", "update", "delete"]
@@ -69,6 +70,17 @@ def annotations_changed(event: WatchEvent) -> bool:
 def resource_version_changed(event: WatchEvent) -> bool:
     """Updates that are real changes: drops the resync replays, which carry the same ``resourceVersion``."""
     return _changed(event, "resourceVersion")
+
+
+def fields_match(selector: str) -> Predicate:
+    """Events of objects that match the field selector ``selector`` (``status.phase=Running``), or did before an
+    update (so the controller sees an object leave the selection, as a server-filtered watch would say with a
+    delete). SelectorError at once for a malformed one."""
+    parsed = FieldSelector.parse(selector)
+
+    def predicate(event: WatchEvent) -> bool:
+        return any(obj is not None and parsed.matches(obj) for obj in (event.new, event.old))
+    return predicate
 
 
 def and_(*predicates: Predicate) -> Predicate:

@@ -10,6 +10,7 @@ from .errors import (
     UnsupportedMediaType,
 )
 from .factory import DynamicSharedInformerFactory
+from .field_selector import FieldSelector
 from .frozen import FrozenDict, FrozenList, ReadOnlyError, deep_copy
 from .gvr import GVR
 from .gvr_listeners import GVRHandler
@@ -37,7 +38,7 @@ from .wait import wait_first
 
 __all__ = [
     "ApiClient", "ApiError", "Backoff", "DeletedFinalStateUnknown", "DiscoveringDynamicSharedInformerFactory",
-    "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout",
+    "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout", "FieldSelector",
     "DiscoveryClient", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
     "FenceError", "FuncHandler", "GVR", "GVRHandler", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",
     "InformerSource", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",

@@ -104,7 +104,8 @@ class DiscoveringDynamicSharedInformerFactory:
 
     ``await start()`` runs the first discovery pass (retrying until it succeeds) before returning; ``await
     shutdown()`` stops everything. ``filter`` selects GVRs; ``check_permissions`` drops GVRs the user may not
-    list+watch (via SelfSubjectAccessReview); ``rediscovery_interval`` is the periodic safety net. Background
+    list+watch (via SelfSubjectAccessReview); ``rediscovery_interval`` is the periodic safety net;
+    ``field_selectors`` has the server filter the informer of a GVR (``DynamicSharedInformerFactory``). Background
     tasks run under ``supervisor`` (its own if none is given), named after ``name``.
     """
 
@@ -115,7 +116,7 @@ class DiscoveringDynamicSharedInformerFactory:
         rediscovery_interval: float = 60.0, check_permissions: bool = False, watch_triggers: bool = True,
         min_pass_interval: float = 0.1, metrics_registry: CollectorRegistry | None = None,
         supervisor: Supervisor | None = None, removal_timeout: float = 30.0, name: str = "discovery",
-        watch: WatchMode = "all",
+        watch: WatchMode = "all", field_selectors: Mapping[GVR, str] | None = None,
     ) -> None:
         if watch not in get_args(WatchMode):  # a mistyped mode from a settings file would mean "all", silently
             raise ValueError(f"watch must be one of {', '.join(get_args(WatchMode))}, not {watch!r}")
@@ -137,13 +138,14 @@ class DiscoveringDynamicSharedInformerFactory:
         self.last_pass: DiscoveryResult | None = None
         self._inner = DynamicSharedInformerFactory(
             client, namespace=namespace, label_selector=label_selector, indexers=indexers, transform=transform,
-            options=options, metrics_registry=metrics_registry)
+            options=options, metrics_registry=metrics_registry, field_selectors=field_selectors)
         self._meta = DynamicSharedInformerFactory(client, options=options, metrics_registry=metrics_registry)
         # A trigger needs every object, whole: a selector or a transform of the user's would hide some. A shared
         # one is asked for with for_resource, so it is watched whether or not anybody requires it.
         shareable = label_selector is None and transform in (None, drop_managed_fields)
         providers: dict[GVR, InformerProvider] = {
-            gvr: self if shareable and self._selects(gvr) else self._meta for gvr in (CRDS, APISERVICES)}
+            gvr: self if shareable and self._selects(gvr) and gvr not in (field_selectors or {}) else self._meta
+            for gvr in (CRDS, APISERVICES)}
         self.triggers = DiscoveryTriggers(self.trigger, providers, self.supervisor, name=name,
                                           rediscovery_interval=rediscovery_interval)
         self._loop_name = f"{name} passes"

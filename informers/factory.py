@@ -20,7 +20,9 @@ from .transforms import drop_managed_fields
 class DynamicSharedInformerFactory:
     """Creates and owns informers for arbitrary GVRs, all sharing one client and the same options.
 
-    ``namespace``/``label_selector``/``field_selector`` restrict every informer server-side. ``indexers`` and
+    ``namespace``/``label_selector``/``field_selector`` restrict every informer server-side, and
+    ``field_selectors`` the informer of one GVR (instead of ``field_selector``: controller-runtime's per-object
+    cache option, ``ByObject[...].Field``). ``indexers`` and
     ``transform`` apply to every informer created; the default transform drops ``metadata.managedFields``
     (pass ``transform=None`` to keep them).
     """
@@ -29,12 +31,13 @@ class DynamicSharedInformerFactory:
         self, client: ApiClient, *, namespace: str | None = None, label_selector: str | None = None,
         field_selector: str | None = None, indexers: Mapping[str, IndexFunc] | None = None,
         transform: Transform | None = drop_managed_fields, options: ReflectorOptions | None = None,
-        metrics_registry: CollectorRegistry | None = None,
+        metrics_registry: CollectorRegistry | None = None, field_selectors: Mapping[GVR, str] | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
+        self.field_selectors = dict(field_selectors or {})
         self.indexers = dict(indexers or {})
         self.transform = transform
         self.options = options or ReflectorOptions()
@@ -47,7 +50,8 @@ class DynamicSharedInformerFactory:
         if inf is None:
             inf = self._informers[gvr] = SharedIndexInformer(
                 self.client, gvr, namespace=self.namespace, label_selector=self.label_selector,
-                field_selector=self.field_selector, indexers=self.indexers, transform=self.transform,
+                field_selector=self.field_selectors.get(gvr, self.field_selector), indexers=self.indexers,
+                transform=self.transform,
                 options=self.options, metrics=self.metrics,
             )
         return inf, inf.lister

@@ -51,8 +51,8 @@ from controllers.cluster_registry import ClusterRegistry, RegistryOptions
 from controllers.fence import fenced
 from controllers.fleet import FleetLoop, FleetScope
 from informers import (
-    ApiClient, ApiError, CredentialError, DiscoveringDynamicSharedInformerFactory, DiscoveryForbidden, ResourceFilter,
-    Supervisor, TaskHandle,
+    GVR, ApiClient, ApiError, CredentialError, DiscoveringDynamicSharedInformerFactory, DiscoveryForbidden,
+    ResourceFilter, Supervisor, TaskHandle,
 )
 from informers.client import CONNECTION_ERRORS
 from informers.errors import describe_error
@@ -276,11 +276,8 @@ class Syncer:
 
     async def _discover(self) -> None:
         s = self.settings
-        self.factory = DiscoveringDynamicSharedInformerFactory(
-            self.client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
-            namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            check_permissions=s.check_permissions, supervisor=self.supervisor,
-            watch=s.clusters.watch if s.clusters.enabled else s.watch)
+        self.factory = self._factory(self.client, supervisor=self.supervisor,
+                                     watch=s.clusters.watch if s.clusters.enabled else s.watch)
         try:
             await self.factory.start()
         except DiscoveryForbidden as e:
@@ -454,14 +451,20 @@ class Syncer:
                                allowed_exec_commands=c.allowed_exec_commands, sync_timeout=c.sync_timeout)
 
     def _member_factory(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
-        s = self.settings
         # A private metrics registry per member: informer series carry no cluster label, and two clusters'
         # informers of one GVR would overwrite (and on stopping, remove) each other's.
+        return self._factory(client, watch=self.settings.clusters.watch, name=f"discovery {display_name(name)}",
+                             metrics_registry=CollectorRegistry())
+
+    def _factory(self, client: ApiClient, **kwargs: Any) -> DiscoveringDynamicSharedInformerFactory:
+        """A discovering factory over ``client`` with the settings' filter, namespace, passes and field
+        selectors (the local cluster's and every member's alike)."""
+        s = self.settings
         return DiscoveringDynamicSharedInformerFactory(
             client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
             namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            check_permissions=s.check_permissions, watch=s.clusters.watch, name=f"discovery {display_name(name)}",
-            metrics_registry=CollectorRegistry())
+            check_permissions=s.check_permissions,
+            field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, **kwargs)
 
     async def _end_term(self) -> list[str]:
         """Stop the term's controllers and runnables together; the names of those still running."""

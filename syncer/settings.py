@@ -30,6 +30,8 @@ from loguru import logger
 
 from controllers.cluster_registry import DEFAULT_LABEL_SELECTORS, DEFAULT_SECRET_TYPES
 from informers.discovering_factory import WatchMode
+from informers.field_selector import FieldSelector
+from informers.gvr import GVR
 from informers.resource_filter import Rule
 from informers.selector import LabelSelector, SelectorError
 
@@ -176,6 +178,8 @@ class Settings:
     - ``plugins``: plugin modules (dotted paths or ``.py`` files); ``entry_point_plugins``: whether installed
       packages' ``syncer.controllers`` entry points are loaded too: ``true`` (all), ``false`` (none) or a list
       of entry point names; ``plugin_settings``: one table per plugin, ``[plugin_settings.<plugin name>]``.
+    - ``field_selectors``: per GVR, a field selector the server filters that GVR's informer by (in every
+      cluster), so its cache holds only those objects: controller-runtime's ``cache.Options.ByObject``.
     - ``include``, ``exclude``: resource rules (``group/version/resource`` or ``group/resource``, globs
       allowed) choosing the GVRs that get informers; ``preferred_version_only``: only each group's preferred
       version; ``namespace``: watch one namespace (a DNS-1123 label; ``""`` = all namespaces).
@@ -221,6 +225,7 @@ class Settings:
     webhooks: Webhooks = field(default_factory=Webhooks)
     clusters: Clusters = field(default_factory=Clusters)
     sharding: Sharding = field(default_factory=Sharding)
+    field_selectors: dict[str, str] = field(default_factory=dict)
     plugin_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""
 
@@ -441,6 +446,23 @@ def _dns_labels(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _field_selectors(value: Any, done: Mapping[str, Any]) -> dict[str, str]:
+    expect = "a table of GVR = field selector ([field_selectors] \"pods.v1\" = \"spec.nodeName=node-a\")"
+    if not isinstance(value, dict):
+        raise _Invalid(expect)
+    out = {}
+    for key, text in value.items():
+        try:
+            gvr = GVR.parse(str(key))
+            selector = FieldSelector.parse(text) if isinstance(text, str) else None
+        except ValueError as e:
+            raise _Invalid(expect, str(e)) from None
+        if not selector:
+            raise _Invalid(expect, f"{key} = {text!r} is not a field selector")
+        out[str(gvr)] = str(selector)
+    return out
+
+
 def _plugin_tables(value: Any, done: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     expect = "a table of per-plugin tables ([plugin_settings.<plugin name>])"
     if not isinstance(value, dict):
@@ -520,6 +542,7 @@ _CHECKS: dict[str, _Check] = {
     "sharding.renew_deadline": _duration(below="sharding.lease_duration"),
     "sharding.retry_period": _duration(below="sharding.renew_deadline"),
     "sharding.min_hold": _duration(zero_means="hands units over as soon as the assignment says"),
+    "field_selectors": _field_selectors,
     "plugin_settings": _plugin_tables,
 }
 _TABLES = ("leader_election", "webhooks", "clusters", "sharding")  # settings that are tables of settings (checked key by key above)

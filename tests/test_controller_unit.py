@@ -181,6 +181,30 @@ async def test_predicates_filter_events(sources):
     await run_with(c, ControllerContext("c", {A: inf}, src), scenario())
 
 
+async def test_a_field_selector_keeps_matching_objects_and_those_leaving_the_selection(sources):
+    src = sources()
+
+    def pod(name, phase, rv="1"):
+        return {**obj(name, rv=rv), "status": {"phase": phase}}
+
+    inf = src.add(A, objects=[pod("a", "Running"), pod("b", "Pending")])
+    rec = Recorder()
+    c = controller(rec).for_(A, field_selector="status.phase=Running")
+
+    async def scenario():
+        await settle(lambda: rec.names == ["a"])
+        inf.apply("MODIFIED", pod("b", "Running", rv="2"))  # enters the selection
+        await settle(lambda: rec.names == ["a", "b"])
+        inf.apply("MODIFIED", pod("a", "Failed", rv="2"))  # leaves it: seen once more, as a server would say
+        inf.apply("MODIFIED", pod("a", "Unknown", rv="3"))  # outside before and after: not seen
+        inf.apply("ADDED", pod("c", "Running"))
+        await settle(lambda: rec.names == ["a", "b", "a", "c"])
+
+    await run_with(c, ControllerContext("c", {A: inf}, src), scenario())
+    with pytest.raises(ValueError, match="is not field=value"):
+        controller(Recorder()).for_(A, field_selector="phase")
+
+
 def owners(o):
     return [Request(ref["name"], o["metadata"]["namespace"]) for ref in o["metadata"]["ownerReferences"]]
 

@@ -97,6 +97,26 @@ async def test_crd_lifecycle_creates_syncs_drops_and_replaces_informers(api) -> 
         await asyncio.gather(counter, return_exceptions=True)
 
 
+async def test_a_gvrs_field_selector_is_applied_by_the_server(api, namespace) -> None:
+    configmaps = GVR("", "v1", "configmaps")
+    for name in ("keep", "other"):
+        await api.request("POST", configmaps.path(namespace), body={"metadata": {"name": name}})
+    f = factory(api, filter=ResourceFilter(include=["core/configmaps"]), namespace=namespace,
+                field_selectors={configmaps: "metadata.name=keep"})
+    await f.start()
+    try:
+        await eventually(lambda: configmaps in f.informers()[0], 10, "configmaps synced")
+        inf = f.informers()[0][configmaps]
+        assert inf.reflector.selectors["fieldSelector"] == "metadata.name=keep"
+        assert list(inf.store.keys()) == [f"{namespace}/keep"]
+        await api.request("POST", configmaps.path(namespace), body={"metadata": {"name": "later"}})
+        await api.request("PATCH", f"{configmaps.path(namespace)}/keep", body={"data": {"x": "1"}})
+        await eventually(lambda: (inf.store.get(f"{namespace}/keep") or {}).get("data") == {"x": "1"}, 10, "update")
+        assert list(inf.store.keys()) == [f"{namespace}/keep"]
+    finally:
+        await f.shutdown()
+
+
 async def test_served_versions_follow_the_crd(api) -> None:
     group = unique_group("versions")
     f = factory(api, filter=only("versions"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from informers import GVR, Backoff, DeletedFinalStateUnknown, LabelSelector, SelectorError, Store, object_key
+from informers import GVR, Backoff, FieldSelector, DeletedFinalStateUnknown, LabelSelector, SelectorError, Store, object_key
 from informers.errors import ApiError, describe_error
 
 
@@ -133,3 +133,18 @@ def test_describe_error_says_an_api_errors_reason_once():
     assert describe_error(forbidden) == '403 Forbidden: leases is forbidden: User "x" cannot list'
     assert describe_error(TimeoutError()) == "TimeoutError"
     assert describe_error(ValueError("bad")) == "ValueError: bad"
+
+
+def test_field_selectors_parse_and_match_as_the_server_reads_them():
+    selector = FieldSelector.parse("spec.nodeName=node-a,status.phase!=Failed")
+    assert selector.matches({"spec": {"nodeName": "node-a"}, "status": {"phase": "Running"}})
+    assert not selector.matches({"spec": {"nodeName": "node-a"}, "status": {"phase": "Failed"}})
+    assert not selector.matches({"spec": {}})  # a missing field is ""
+    assert FieldSelector.parse("spec.unschedulable==true").matches({"spec": {"unschedulable": True}})
+    escaped = FieldSelector.parse(r"metadata.name=a\,b\=c")
+    assert escaped.matches({"metadata": {"name": "a,b=c"}}) and str(escaped) == r"metadata.name=a\,b\=c"
+    assert FieldSelector.parse("").matches({}) and not FieldSelector.parse("")
+    for bad, why in [("name", "is not field=value"), ("a=1,", "an empty term"), ("=v", "is not a field path"),
+                     (r"a=\x", "invalid escape")]:
+        with pytest.raises(SelectorError, match=why):
+            FieldSelector.parse(bad)
