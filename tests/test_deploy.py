@@ -1,6 +1,8 @@
 """The deployment assets in deploy/: manifests validated by the real apiserver (server-side dry run), their
 RBAC checked by impersonating the service account, static checks of probes, settings and the Dockerfiles, and
-the example plugin package (deploy/plugin-example) found through its entry point by `syncer check-config`."""
+the example plugin package (deploy/plugin-example) found through its entry point by `syncer check-config`.
+Each mode of deploy/modes/ (multi-cluster, sharding, managed webhooks) is dry-run on top of the manifests and
+exercised by a `syncer run` sidecar under a token of the service account, with only the shipped RBAC."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from informers.resource_filter import Rule
 from syncer.plugins import load_plugins
 from syncer.settings import load_settings
 from syncer.testing.controlplane import ControlPlane
+from tests.test_syncer import Sidecar
+from tests.test_webhooks_support import CA, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -303,7 +307,7 @@ def test_dockerfile() -> None:
     assert re.search(r"^USER\s+10001(:10001)?\s*$", runtime, re.M)  # numeric, so runAsNonRoot can verify it
     assert 'ENTRYPOINT ["syncer"]' in runtime
     assert f'CMD ["run", "--settings", "{SETTINGS_PATH}"]' in runtime
-    assert re.search(r"^EXPOSE\s+8080\s*$", runtime, re.M)
+    assert re.search(r"^EXPOSE\s+8080\s*$", runtime, re.M) and re.search(r"^EXPOSE\s+9443\s*$", runtime, re.M)
     assert re.search(r"^COPY\b.*\bexamples\b", runtime, re.M) and "PYTHONPATH=/app" in runtime
     # Every top-level package the image builds exists in the repo.
     for package in ("informers", "controllers", "syncer"):
@@ -372,15 +376,16 @@ BASE_RBAC = ("10-serviceaccount.yaml", "20-clusterrole.yaml", "21-clusterrolebin
              "31-rolebinding.yaml")
 
 
-def _base_settings(extra: str, plugins: tuple[str, ...]) -> str:
-    """The deployed settings.toml, as the sidecar runs it outside a pod: the kubeconfig the test gives it, a free
-    local port for its probes, ``plugins`` (if any) instead of the examples, and the mode's tables added."""
+def _deployed_settings(kubeconfig: str, port: int, extra: str, plugins: tuple[str, ...]) -> str:
+    """The deployed settings.toml as the sidecar runs it outside a pod: ``kubeconfig`` for credentials, probes on
+    127.0.0.1:``port``, ``plugins`` (if any) instead of the examples, and the mode's
+    tables (``extra``) added."""
     text = _one("ConfigMap")["data"]["settings.toml"]
     if plugins:
         text = re.sub(r"^plugins = \[.*?\]$", f"plugins = {json.dumps(list(plugins))}", text, flags=re.M | re.S)
-    text = text.replace("in_cluster = true", "in_cluster = false").replace('"0.0.0.0:8080"', '"127.0.0.1:0"')
-    return re.sub(r"^\[leader_election\]\nenabled = true", "[leader_election]\nenabled = false", text, flags=re.M) \
-        + "\n" + extra
+    text = text.replace("in_cluster = true", f'in_cluster = false\nkubeconfig = "{kubeconfig}"')
+    text = text.replace('"0.0.0.0:8080"', f'"127.0.0.1:{port}"')
+    return f"{text}\n{extra}"
 
 
 @pytest.fixture
@@ -406,21 +411,14 @@ def mode(kubectl: Kubectl, deploy_namespace: str, control_plane: ControlPlane,
         kubectl.run("delete", "--ignore-not-found", "--wait=false", *applied)
 
 
-def _sidecar(tmp_path: Path, kubeconfig: str, extra: str, plugins: tuple[str, ...]) -> Any:
-    from tests.test_syncer import Sidecar  # a `syncer run` process
-
-    car = Sidecar(tmp_path, kubeconfig)
-    car.settings.write_text(f'kubeconfig = "{kubeconfig}"\n' + _base_settings(extra, plugins).replace(
-        '"127.0.0.1:0"', f'"127.0.0.1:{car.port}"'))
-    return car
-
-
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Iterator[Any]:
-    started: list[Any] = []
+    """``sidecar(kubeconfig, extra, plugins)``: a `syncer run` process with the deployed settings."""
+    started: list[Sidecar] = []
 
-    def start(kubeconfig: str, extra: str, plugins: tuple[str, ...] = ()) -> Any:
-        car = _sidecar(tmp_path, kubeconfig, extra, plugins)
+    def start(kubeconfig: str, extra: str, plugins: tuple[str, ...] = ()) -> Sidecar:
+        car = Sidecar(tmp_path, kubeconfig,
+                      settings=lambda port: _deployed_settings(kubeconfig, port, extra, plugins))
         started.append(car)
         return car
 
@@ -429,13 +427,9 @@ def sidecar(tmp_path: Path) -> Iterator[Any]:
         car.stop()
 
 
-def _stop_gracefully(car: Any) -> None:
+def _stop_gracefully(car: Sidecar) -> None:
     car.proc.send_signal(signal.SIGTERM)
     assert car.proc.wait(timeout=30) == 0, car.log[-3000:]
-
-
-def _until(check: Any, what: str, car: Any, timeout: float = 45) -> None:
-    car.wait(check, what, timeout=timeout)
 
 
 def test_mode_files_pass_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
@@ -507,7 +501,7 @@ def test_multicluster_mode_under_the_service_account(mode: Any, sidecar: Any, ku
                      if c["name"] == "deploy-member"]
             return found[0] if found else {}
 
-        _until(lambda: member().get("ready") is True, "the member cluster to be ready", car)
+        car.wait(lambda: member().get("ready") is True, "the member cluster to be ready", timeout=45)
         assert "forbidden" not in car.log.lower(), car.log[-3000:]
         _stop_gracefully(car)
     finally:
@@ -529,7 +523,7 @@ def test_sharding_mode_under_the_service_account(mode: Any, sidecar: Any, kubect
     def units() -> list[dict[str, Any]]:
         return list((car.status().get("sharding") or {}).get("units", []))
 
-    _until(lambda: any(u["state"] == "running" for u in units()), "a unit running here", car)
+    car.wait(lambda: any(u["state"] == "running" for u in units()), "a unit running here", timeout=45)
     assert any("-member-" in n for n in leases()), leases()
     assert "forbidden" not in car.log.lower(), car.log[-3000:]
     _stop_gracefully(car)
@@ -542,8 +536,6 @@ def test_managed_webhooks_mode_under_the_service_account(mode: Any, sidecar: Any
     """The configurations written, called (the probe's dry run in kube-syncer) and deleted on a graceful stop, with
     certificates read from cert_dir as cert-manager's Secret has them, under webhooks.yaml's permissions; and
     the CRD permissions conversion webhooks need."""
-    from tests.test_webhooks_support import CA, free_port
-
     kubeconfig = mode("webhooks.yaml")
     certs = tmp_path / "webhook-certs"
     CA.new().write_secret(certs)
@@ -552,8 +544,8 @@ def test_managed_webhooks_mode_under_the_service_account(mode: Any, sidecar: Any
     car = sidecar(kubeconfig, f'[webhooks]\nbind = "127.0.0.1:{port}"\ncert_dir = "{certs}"\n'
                               f'manage_configurations = true\nconfiguration_name = "{name}"\n'
                               f'probe_namespace = "{NAMESPACE}"\n', ("examples.plugins.widget_webhook",))
-    _until(lambda: (car.status().get("webhooks") or {}).get("called_by_api_server") is True,
-           "the API server to call the webhooks", car)
+    car.wait(lambda: (car.status().get("webhooks") or {}).get("called_by_api_server") is True,
+           "the API server to call the webhooks", timeout=45)
     for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
         kubectl.ok("get", kind, name)
     assert "forbidden" not in car.log.lower(), car.log[-3000:]
