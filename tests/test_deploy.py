@@ -1,6 +1,8 @@
 """The deployment assets in deploy/: manifests validated by the real apiserver (server-side dry run), their
 RBAC checked by impersonating the service account, static checks of probes, settings and the Dockerfiles, and
-the example plugin package (deploy/plugin-example) found through its entry point by `syncer check-config`."""
+the example plugin package (deploy/plugin-example) found through its entry point by `syncer check-config`.
+Each mode of deploy/modes/ (multi-cluster, sharding, managed webhooks) is dry-run on top of the manifests and
+exercised by a `syncer run` sidecar under a token of the service account, with only the shipped RBAC."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +25,8 @@ from informers.resource_filter import Rule
 from syncer.plugins import load_plugins
 from syncer.settings import load_settings
 from syncer.testing.controlplane import ControlPlane
+from tests.test_syncer import Sidecar
+from tests.test_webhooks_support import CA, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -302,7 +307,7 @@ def test_dockerfile() -> None:
     assert re.search(r"^USER\s+10001(:10001)?\s*$", runtime, re.M)  # numeric, so runAsNonRoot can verify it
     assert 'ENTRYPOINT ["syncer"]' in runtime
     assert f'CMD ["run", "--settings", "{SETTINGS_PATH}"]' in runtime
-    assert re.search(r"^EXPOSE\s+8080\s*$", runtime, re.M)
+    assert re.search(r"^EXPOSE\s+8080\s*$", runtime, re.M) and re.search(r"^EXPOSE\s+9443\s*$", runtime, re.M)
     assert re.search(r"^COPY\b.*\bexamples\b", runtime, re.M) and "PYTHONPATH=/app" in runtime
     # Every top-level package the image builds exists in the repo.
     for package in ("informers", "controllers", "syncer"):
@@ -363,3 +368,190 @@ def test_plugin_package_is_found_by_its_entry_point(tmp_path: Path, control_plan
     # [plugin_settings.backup] table matches the entry point's name
     assert "wait forever" not in out.stderr and "matches no loaded plugin" not in out.stderr, out.stderr
 
+
+
+# -- every mode: deploy/modes/, each with a sidecar running under the service account's token -----------------
+MODES = DEPLOY / "modes"
+BASE_RBAC = ("10-serviceaccount.yaml", "20-clusterrole.yaml", "21-clusterrolebinding.yaml", "30-role.yaml",
+             "31-rolebinding.yaml")
+
+
+def _deployed_settings(kubeconfig: str, port: int, extra: str, plugins: tuple[str, ...]) -> str:
+    """The deployed settings.toml as the sidecar runs it outside a pod: ``kubeconfig`` for credentials, probes on
+    127.0.0.1:``port``, ``plugins`` (if any) instead of the examples, and the mode's
+    tables (``extra``) added."""
+    text = _one("ConfigMap")["data"]["settings.toml"]
+    if plugins:
+        text = re.sub(r"^plugins = \[.*?\]$", f"plugins = {json.dumps(list(plugins))}", text, flags=re.M | re.S)
+    text = text.replace("in_cluster = true", f'in_cluster = false\nkubeconfig = "{kubeconfig}"')
+    text = text.replace('"0.0.0.0:8080"', f'"127.0.0.1:{port}"')
+    return f"{text}\n{extra}"
+
+
+@pytest.fixture
+def mode(kubectl: Kubectl, deploy_namespace: str, control_plane: ControlPlane,
+         tmp_path: Path) -> Iterator[Any]:
+    """``mode(file)``: applies the single-cluster RBAC and ``deploy/modes/<file>`` for real and returns the path
+    of a kubeconfig with a token of the kube-syncer service account (TokenRequest, as the kubelet gets it for
+    the pod). Everything applied is deleted afterwards."""
+    applied: list[str] = []
+
+    def apply(name: str) -> str:
+        files = [str(MANIFESTS / f) for f in BASE_RBAC] + [str(MODES / name)]
+        args = [a for f in files for a in ("-f", f)]
+        kubectl.ok("apply", *args)
+        applied.extend(args)
+        token = kubectl.ok("create", "token", "kube-syncer", "-n", NAMESPACE, "--duration", "1h").stdout.strip()
+        path = tmp_path / "service-account.kubeconfig"
+        path.write_bytes(control_plane.member_kubeconfig(token=token))
+        return str(path)
+
+    yield apply
+    if applied:
+        kubectl.run("delete", "--ignore-not-found", "--wait=false", *applied)
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[Any]:
+    """``sidecar(kubeconfig, extra, plugins)``: a `syncer run` process with the deployed settings."""
+    started: list[Sidecar] = []
+
+    def start(kubeconfig: str, extra: str, plugins: tuple[str, ...] = ()) -> Sidecar:
+        car = Sidecar(tmp_path, kubeconfig,
+                      settings=lambda port: _deployed_settings(kubeconfig, port, extra, plugins))
+        started.append(car)
+        return car
+
+    yield start
+    for car in started:
+        car.stop()
+
+
+def _stop_gracefully(car: Sidecar) -> None:
+    car.proc.send_signal(signal.SIGTERM)
+    assert car.proc.wait(timeout=30) == 0, car.log[-3000:]
+
+
+def test_mode_files_pass_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
+    """Each mode's file on top of the single-cluster manifests; cert-manager's Certificate against stand-in CRDs
+    (the test control plane has no cert-manager), so only its kind, group and metadata are checked there."""
+    stand_ins = [{
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.cert-manager.io"},
+        "spec": {"group": "cert-manager.io", "scope": "Namespaced",
+                 "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                     "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+        for plural, kind in (("certificates", "Certificate"), ("issuers", "Issuer"))]
+    crds = json.dumps({"apiVersion": "v1", "kind": "List", "items": stand_ins})
+    kubectl.ok("apply", "-f", "-", stdin=crds)
+    try:
+        kubectl.ok("wait", "--for=condition=Established", "crd/certificates.cert-manager.io",
+                   "crd/issuers.cert-manager.io", "--timeout=30s")
+        for path in sorted(MODES.glob("*.yaml")):
+            out = kubectl.ok("apply", "--dry-run=server", "-f", str(MANIFESTS), "-f", str(path), "-o", "name")
+            assert "Warning" not in out.stderr, f"{path.name}: {out.stderr}"
+            names = set(out.stdout.split())
+            for doc in yaml.safe_load_all(path.read_text()):
+                assert doc["metadata"]["labels"] == {"app.kubernetes.io/name": "kube-syncer"}, path.name
+                assert any(n.endswith(f"/{doc['metadata']['name']}") and n.startswith(doc["kind"].lower())
+                           for n in names), (path.name, doc["kind"])
+    finally:
+        kubectl.run("delete", "--ignore-not-found", "-f", "-", stdin=crds)
+    assert {p.name for p in MODES.glob("*.yaml")} == {
+        "multicluster.yaml", "sharding.yaml", "webhooks.yaml", "webhook-certificate.yaml"}
+
+
+def test_webhook_service_certificate_and_mount_fit_together() -> None:
+    pod = _one("Deployment")["spec"]["template"]["spec"]
+    syncer = _syncer_container(_one("Deployment"))
+    assert pod["enableServiceLinks"] is False
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in syncer["ports"]
+    docs = {d["kind"]: d for f in ("webhooks.yaml", "webhook-certificate.yaml")
+            for d in yaml.safe_load_all((MODES / f).read_text())}
+    service = docs["Service"]
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": "webhook", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == _one("Deployment")["spec"]["selector"]["matchLabels"]
+    certificate = docs["Certificate"]["spec"]
+    assert f"{service['metadata']['name']}.{NAMESPACE}.svc" in certificate["dnsNames"]
+    [volume] = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == certificate["secretName"]]
+    assert volume["secret"]["optional"] is True  # no Secret without webhooks
+    [mount] = [m for m in syncer["volumeMounts"] if m["name"] == volume["name"]]
+    # The settings the header of webhooks.yaml gives use that mount and the Service's name.
+    header = (MODES / "webhooks.yaml").read_text()
+    assert f'cert_dir = "{mount["mountPath"]}"' in header
+    assert f'url = "https://{service["metadata"]["name"]}.{NAMESPACE}.svc:9443"' in header
+
+
+def test_multicluster_mode_under_the_service_account(mode: Any, sidecar: Any, kubectl: Kubectl,
+                                                     control_plane: ControlPlane) -> None:
+    """The member's kubeconfig Secret in the syncer's namespace: listed and watched with the Role of
+    multicluster.yaml (the member itself is reached with the credentials of its kubeconfig)."""
+    kubeconfig = mode("multicluster.yaml")
+    secret = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "deploy-member", "namespace": NAMESPACE,
+                           "labels": {"kube-syncer.io/kubeconfig": "true"}},
+              "stringData": {"kubeconfig": control_plane.member_kubeconfig().decode()}}
+    kubectl.ok("apply", "-f", "-", stdin=json.dumps(secret))
+    try:
+        car = sidecar(kubeconfig, f'[clusters]\nenabled = true\nnamespaces = ["{NAMESPACE}"]\n')
+
+        def member() -> dict[str, Any]:
+            found = [c for c in (car.status().get("clusters") or {}).get("clusters", [])
+                     if c["name"] == "deploy-member"]
+            return found[0] if found else {}
+
+        car.wait(lambda: member().get("ready") is True, "the member cluster to be ready", timeout=45)
+        assert "forbidden" not in car.log.lower(), car.log[-3000:]
+        _stop_gracefully(car)
+    finally:
+        kubectl.run("delete", "--ignore-not-found", "secret/deploy-member", "-n", NAMESPACE)
+
+
+def test_sharding_mode_under_the_service_account(mode: Any, sidecar: Any, kubectl: Kubectl) -> None:
+    """Member and unit Leases in kube-syncer: watched (list, watch), taken, and the member Lease deleted on a
+    graceful stop, with the Role of sharding.yaml."""
+    kubeconfig = mode("sharding.yaml")
+    group = "deploy-test"
+    car = sidecar(kubeconfig, f'[sharding]\nenabled = true\ngroup = "{group}"\nlease_namespace = "{NAMESPACE}"\n'
+                              'lease_duration = "6s"\nrenew_deadline = "4s"\nretry_period = "1s"\nmin_hold = "0s"\n')
+
+    def leases() -> list[str]:
+        out = kubectl.ok("get", "leases", "-n", NAMESPACE, "-o", "name").stdout.split()
+        return [n.rpartition("/")[2] for n in out if f"/{group}-" in n]
+
+    def units() -> list[dict[str, Any]]:
+        return list((car.status().get("sharding") or {}).get("units", []))
+
+    car.wait(lambda: any(u["state"] == "running" for u in units()), "a unit running here", timeout=45)
+    assert any("-member-" in n for n in leases()), leases()
+    assert "forbidden" not in car.log.lower(), car.log[-3000:]
+    _stop_gracefully(car)
+    assert not [n for n in leases() if "-member-" in n], "the member Lease outlives the replica"
+    kubectl.run("delete", "--ignore-not-found", "-n", NAMESPACE, *(f"lease/{n}" for n in leases()))
+
+
+def test_managed_webhooks_mode_under_the_service_account(mode: Any, sidecar: Any, kubectl: Kubectl,
+                                                         tmp_path: Path) -> None:
+    """The configurations written, called (the probe's dry run in kube-syncer) and deleted on a graceful stop, with
+    certificates read from cert_dir as cert-manager's Secret has them, under webhooks.yaml's permissions; and
+    the CRD permissions conversion webhooks need."""
+    kubeconfig = mode("webhooks.yaml")
+    certs = tmp_path / "webhook-certs"
+    CA.new().write_secret(certs)
+    port = free_port()
+    name = "kube-syncer-deploy-test"
+    car = sidecar(kubeconfig, f'[webhooks]\nbind = "127.0.0.1:{port}"\ncert_dir = "{certs}"\n'
+                              f'manage_configurations = true\nconfiguration_name = "{name}"\n'
+                              f'probe_namespace = "{NAMESPACE}"\n', ("examples.plugins.widget_webhook",))
+    car.wait(lambda: (car.status().get("webhooks") or {}).get("called_by_api_server") is True,
+           "the API server to call the webhooks", timeout=45)
+    for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+        kubectl.ok("get", kind, name)
+    assert "forbidden" not in car.log.lower(), car.log[-3000:]
+    _stop_gracefully(car)
+    for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+        assert "NotFound" in kubectl.run("get", kind, name).stderr, f"{kind} {name} outlives the replica"
+    crds = "customresourcedefinitions.apiextensions.k8s.io"
+    assert all(kubectl.allowed(verb, crds) for verb in ("get", "update", "patch"))
+    assert not kubectl.allowed("delete", crds) and not kubectl.allowed("create", crds)

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import kubernetes
 import pytest
@@ -31,11 +32,14 @@ class Sidecar:
     """One `syncer run` process with its own HTTP port and log file."""
 
     def __init__(self, tmp_path: Path, kubeconfig: str, name: str = "a", extra: str = "",
-                 plugins: tuple[str, ...] = ("examples.plugins.widget_status",)) -> None:
+                 plugins: tuple[str, ...] = ("examples.plugins.widget_status",),
+                 settings: Callable[[int], str] | None = None) -> None:
+        """``settings``, if given, makes the whole settings file from the HTTP port instead (``kubeconfig``,
+        ``extra`` and ``plugins`` unused)."""
         self.port = free_port()
         self.log_path = tmp_path / f"{name}.log"
         self.settings = tmp_path / f"{name}.toml"
-        self.settings.write_text(
+        self.settings.write_text(settings(self.port) if settings is not None else
             f'kubeconfig = "{kubeconfig}"\nplugins = {json.dumps(list(plugins))}\n'
             f'include = ["core/configmaps", "core/namespaces", "examples.kube-syncer.io/*"]\n'
             f'http_bind = "127.0.0.1:{self.port}"\nshutdown_timeout = "10s"\n{extra}')
