@@ -310,6 +310,8 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
           (f"; {len(fleet)} fleet controller(s): {', '.join(fleet)}" if fleet else "") +
           (f"; {len(components)} fleet component(s): {', '.join(components)}" if components else ""))
     for what, names in (("webhook", [w.path for w in controllers.webhooks]),
+                        ("CRD conversion", [f"{c.path} ({c.strategy}: {', '.join(c.versions)})"
+                                            for c in controllers.conversions]),
                         ("store", [s.name for s in controllers.stores]),
                         ("runnable", [r.name for r in controllers.runnables])):
         if names:
