@@ -20,8 +20,12 @@ from typing import Any, Callable, Iterator
 import kubernetes
 import pytest
 
+from informers import ApiClient
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
+from syncer.webhook import Conversion
+from syncer.webhook.configuration import ConfigurationError
+from syncer.webhook.conversion_configuration import ManagedConversions
 
 from .test_webhooks import readyz, sidecar, status_of
 from .test_webhooks_support import free_port
@@ -138,3 +142,25 @@ def test_check_config_shows_the_conversions(tmp_path: Path) -> None:
                            cwd=ROOT, capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     assert f"  1 CRD conversion(s): /convert/{CRD} (hub v1: v1, v2)" in shown.stdout, shown.stdout
+
+
+async def test_a_conversion_configured_by_someone_else_is_left_alone(cp: ControlPlane) -> None:
+    other = {**ARCHIVE_CRD, "metadata": {"name": "others.examples.kube-syncer.io"},
+             "spec": {**ARCHIVE_CRD["spec"], "names": {"kind": "Other", "plural": "others"}, "conversion": {
+                 "strategy": "Webhook", "webhook": {"clientConfig": {"url": "https://converter.example.com/convert"},
+                                                    "conversionReviewVersions": ["v1"]}}}}
+    kubernetes.client.ApiextensionsV1Api(kube_client(cp)).create_custom_resource_definition(other)
+    declared = [Conversion("others.examples.kube-syncer.io", pairs={("v1", "v2"): dict, ("v2", "v1"): dict}),
+                Conversion("absents.examples.kube-syncer.io", pairs={("v1", "v2"): dict})]
+    async with ApiClient.from_kubeconfig(str(cp.kubeconfig)) as client:
+        managed = ManagedConversions(client, "me", "https://127.0.0.1:1", declared[1:])
+        assert await managed.apply(b"CA") == [] and managed.status(declared[1]) == "CRD not installed"
+        managed = ManagedConversions(client, "me", "https://127.0.0.1:1", declared)
+        with pytest.raises(ConfigurationError, match=r"^CRD others.examples.kube-syncer.io: its spec.conversion "
+                                                     r"\(Webhook\) was not configured by kube-syncer, so it is left "
+                                                     r"alone; remove it from the CRD, or set"):
+            await managed.apply(b"CA")
+        assert await managed.remove() == []
+    ext = kubernetes.client.ApiextensionsV1Api(kube_client(cp))
+    crd = ext.read_custom_resource_definition(other["metadata"]["name"])
+    assert crd.spec.conversion.webhook.client_config.url == "https://converter.example.com/convert"
