@@ -127,6 +127,11 @@ def test_objects_convert_between_versions_through_the_sidecar(cp: ControlPlane, 
         assert (row["crd"], row["strategy"], row["versions"], row["configuration"]) == (
             CRD, "hub v1", ["v1", "v2"], "managed")
         assert row["converted"] >= 4 and row["errors"] >= 1 and row["requests"] == row["converted"] + row["errors"]
+        shown = subprocess.run([sys.executable, "-m", "syncer", "status", "--url", f"http://127.0.0.1:{port}/status"],
+                               cwd=ROOT, capture_output=True, text=True)
+        [line] = [ln.split() for ln in shown.stdout.splitlines() if ln.startswith(CRD)]
+        assert line[:6] == [CRD, "conversion", str(row["requests"]), str(row["converted"]), "-",
+                            str(row["errors"])], shown.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
     assert f"removed the conversion webhook of CRD {CRD}" in log.read_text()
