@@ -41,6 +41,9 @@ from .server import WebhookServer, loopback_for
 
 _POLL_CERTIFICATES = 1.0
 _UPKEEP_INTERVAL = 30.0
+# A converted CRD not installed yet is looked for this often: installed after the sidecar started (as a user
+# following the README does), it is configured within seconds rather than at the next round.
+_MISSING_CRD_POLL = 2.0
 # How long after a configuration write the API server must have called the probes; past it, the upkeep reports
 # that it cannot reach us and tries again.
 _PROBE_WITHIN = 30.0
@@ -196,8 +199,9 @@ class WebhookService:
             self.last_error = ""
             handle.succeeded()
             backoff.reset()
+            missing = self.conversions is not None and self.conversions.missing
             try:
-                async with asyncio.timeout(_UPKEEP_INTERVAL):
+                async with asyncio.timeout(_MISSING_CRD_POLL if missing else _UPKEEP_INTERVAL):
                     await self._changed.wait()
             except TimeoutError:
                 pass
