@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import copy
 import inspect
-import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
 import orjson
 
+from .declaration import is_dns_label, is_qualified_name
 from .review import ReviewError
 
 Converter = Callable[[dict[str, Any]], dict[str, Any]] | Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 CONVERSION_REVIEW_API_VERSION = "apiextensions.k8s.io/v1"
-_VERSION = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class ConversionError(Exception):
@@ -55,25 +53,24 @@ class Conversion:
 
     def __post_init__(self) -> None:
         what = f"Conversion {self.crd!r}"
-        labels = self.crd.split(".") if isinstance(self.crd, str) else []
-        if len(labels) < 3 or len(self.crd) > 253 or not all(len(x) <= 63 and _LABEL.match(x) for x in labels):
+        if not is_qualified_name(self.crd):
             raise ValueError(f"{what}: crd must be the CRD's name, '<plural>.<group>' with a group of at least two "
                              "labels, like 'backups.example.com'")
         if bool(self.hub or self.spokes) == bool(self.pairs):
             raise ValueError(f"{what}: declare either hub= with spokes= or pairs=, not both nor neither")
         if self.pairs:
             for key, converter in self.pairs.items():
-                if not (isinstance(key, tuple) and len(key) == 2 and all(map(_is_version, key)) and key[0] != key[1]):
+                if not (isinstance(key, tuple) and len(key) == 2 and all(map(is_dns_label, key)) and key[0] != key[1]):
                     raise ValueError(f"{what}: pairs keys must be (from_version, to_version) of two different "
                                      f"versions like ('v1', 'v2'), got {key!r}")
                 _check_converter(what, f"pairs[{key!r}]", converter)
             return
-        if not _is_version(self.hub):
+        if not is_dns_label(self.hub):
             raise ValueError(f"{what}: hub must be a version name like 'v1', got {self.hub!r}")
         if not self.spokes:
             raise ValueError(f"{what}: spokes must map at least one version to (to_hub, from_hub) converters")
         for version, pair in self.spokes.items():
-            if not _is_version(version) or version == self.hub:
+            if not is_dns_label(version) or version == self.hub:
                 raise ValueError(f"{what}: spoke {version!r} must be a version name other than the hub {self.hub!r}")
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise ValueError(f"{what}: spokes[{version!r}] must be a tuple (to_hub, from_hub), got {pair!r}")
@@ -192,10 +189,6 @@ def conversion_response(uid: str, converted: list[dict[str, Any]] | None = None,
         response["result"] = {"status": "Success"}
     return orjson.dumps({"apiVersion": CONVERSION_REVIEW_API_VERSION, "kind": "ConversionReview",
                          "response": response})
-
-
-def _is_version(value: Any) -> bool:
-    return isinstance(value, str) and bool(_VERSION.match(value))
 
 
 def _check_converter(what: str, where: str, converter: Any) -> None:
