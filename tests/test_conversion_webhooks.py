@@ -9,6 +9,7 @@ otherwise reach into other tests).
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from syncer.webhook.configuration import ConfigurationError
 from syncer.webhook.conversion_configuration import ManagedConversions
 
 from .test_webhooks import readyz, sidecar, status_of
-from .test_webhooks_support import free_port
+from .test_webhooks_support import CA, free_port, pem
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE_CRD = json.loads((ROOT / "examples" / "crds" / "archive.json").read_text())
@@ -158,7 +159,7 @@ async def test_a_conversion_configured_by_someone_else_is_left_alone(cp: Control
                 Conversion("absents.examples.kube-syncer.io", pairs={("v1", "v2"): dict})]
     async with ApiClient.from_kubeconfig(str(cp.kubeconfig)) as client:
         managed = ManagedConversions(client, "me", "https://127.0.0.1:1", declared[1:])
-        assert await managed.apply(b"CA") == [] and managed.status(declared[1]) == "CRD not installed"
+        assert await managed.apply(pem(CA.new().cert)) == [] and managed.status(declared[1]) == "CRD not installed"
         managed = ManagedConversions(client, "me", "https://127.0.0.1:1", declared)
         with pytest.raises(ConfigurationError, match=r"^CRD others.examples.kube-syncer.io: its spec.conversion "
                                                      r"\(Webhook\) was not configured by kube-syncer, so it is left "
@@ -168,3 +169,27 @@ async def test_a_conversion_configured_by_someone_else_is_left_alone(cp: Control
     ext = kubernetes.client.ApiextensionsV1Api(kube_client(cp))
     crd = ext.read_custom_resource_definition(other["metadata"]["name"])
     assert crd.spec.conversion.webhook.client_config.url == "https://converter.example.com/convert"
+
+
+async def test_the_crds_conversion_is_written_when_it_changes_and_taken_back_by_its_last_writer(
+        cp: ControlPlane) -> None:
+    name = "mines.examples.kube-syncer.io"
+    ext = kubernetes.client.ApiextensionsV1Api(kube_client(cp))
+    ext.create_custom_resource_definition({**ARCHIVE_CRD, "metadata": {"name": name},
+                                           "spec": {**ARCHIVE_CRD["spec"], "names": {"kind": "Mine", "plural": "mines"}}})
+    declared = [Conversion(name, hub="v1", spokes={"v2": (dict, dict)})]
+    configured = [f"configured the conversion webhook of CRD {name}"]
+    ca1, ca2 = pem(CA.new("one").cert), pem(CA.new("two").cert)
+    async with ApiClient.from_kubeconfig(str(cp.kubeconfig)) as client:
+        mine = ManagedConversions(client, "me", "https://127.0.0.1:1", declared)
+        theirs = ManagedConversions(client, "them", "https://127.0.0.1:2", declared)
+        assert await mine.apply(ca1) == configured and await mine.apply(ca1) == []
+        assert await mine.apply(ca2) == configured  # a new CA bundle
+        webhook = ext.read_custom_resource_definition(name).spec.conversion.webhook
+        assert (webhook.client_config.url, webhook.client_config.ca_bundle) == (
+            f"https://127.0.0.1:1/convert/{name}", base64.b64encode(ca2).decode())
+        assert await theirs.apply(ca2) == configured  # another replica's URL: its now
+        assert await mine.remove() == [] and ext.read_custom_resource_definition(name).spec.conversion.strategy == \
+            "Webhook"
+        assert await theirs.remove() == [f"the conversion webhook of CRD {name}"]
+    assert ext.read_custom_resource_definition(name).spec.conversion.strategy == "None"
