@@ -175,8 +175,9 @@ async def test_the_crds_conversion_is_written_when_it_changes_and_taken_back_by_
         cp: ControlPlane) -> None:
     name = "mines.examples.kube-syncer.io"
     ext = kubernetes.client.ApiextensionsV1Api(kube_client(cp))
+    names = {"kind": "Mine", "plural": "mines"}
     ext.create_custom_resource_definition({**ARCHIVE_CRD, "metadata": {"name": name},
-                                           "spec": {**ARCHIVE_CRD["spec"], "names": {"kind": "Mine", "plural": "mines"}}})
+                                           "spec": {**ARCHIVE_CRD["spec"], "names": names}})
     declared = [Conversion(name, hub="v1", spokes={"v2": (dict, dict)})]
     configured = [f"configured the conversion webhook of CRD {name}"]
     ca1, ca2 = pem(CA.new("one").cert), pem(CA.new("two").cert)
@@ -188,7 +189,7 @@ async def test_the_crds_conversion_is_written_when_it_changes_and_taken_back_by_
         webhook = ext.read_custom_resource_definition(name).spec.conversion.webhook
         assert (webhook.client_config.url, webhook.client_config.ca_bundle) == (
             f"https://127.0.0.1:1/convert/{name}", base64.b64encode(ca2).decode())
-        assert await theirs.apply(ca2) == configured  # another replica's URL: its now
+        assert await theirs.apply(ca2) == configured  # another replica's URL: theirs now
         assert await mine.remove() == [] and ext.read_custom_resource_definition(name).spec.conversion.strategy == \
             "Webhook"
         assert await theirs.remove() == [f"the conversion webhook of CRD {name}"]
