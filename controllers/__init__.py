@@ -1,5 +1,8 @@
 """Controllers managed by their GVRs' availability: ControllerManager, work queue and a controller helper."""
 
+from .conditions import (
+    find_status_condition, is_status_condition_true, remove_status_condition, set_status_condition,
+)
 from .context import ControllerContext, ReconcileContext, ReconcileStats
 from .controller import Controller
 from .equality import semantic_equal
@@ -36,4 +39,5 @@ __all__ = [
     "Predicate", "ReconcileContext", "ReconcileMetrics", "WatchEvent", "and_", "annotations_changed", "fields_match",
     "generation_changed", "labels_changed", "not_", "or_", "reconcile_metrics", "resource_version_changed",
     "ManagedSub", "SubFactory", "UnionController",
+    "find_status_condition", "is_status_condition_true", "remove_status_condition", "set_status_condition",
 ]

@@ -316,6 +316,8 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
           (f"; {len(fleet)} fleet controller(s): {', '.join(fleet)}" if fleet else "") +
           (f"; {len(components)} fleet component(s): {', '.join(components)}" if components else ""))
     for what, names in (("webhook", [w.path for w in controllers.webhooks]),
+                        ("CRD conversion", [f"{c.path} ({c.strategy}: {', '.join(c.versions)})"
+                                            for c in controllers.conversions]),
                         ("store", [s.name for s in controllers.stores]),
                         ("runnable", [r.name for r in controllers.runnables])):
         if names:
@@ -463,13 +465,16 @@ def _shard_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
 
 
 def _webhook_table(doc: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The webhook part of ``syncer status``: each webhook's requests, how they were answered, and latency."""
+    """The webhook part of ``syncer status``: each webhook's requests, how they were answered, and latency; a CRD
+    conversion's converted reviews are in ALLOWED."""
     def ms(seconds: float | None) -> str:
         return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
 
     return [("WEBHOOK", "KIND", "REQUESTS", "ALLOWED", "DENIED", "ERRORS", "MEAN", "MAX")] + [
         (w["name"], w["kind"], str(w["requests"]), str(w["allowed"]), str(w["denied"]), str(w["errors"]),
-         ms(w["latency_seconds"]["mean"]), ms(w["latency_seconds"]["max"])) for w in doc["webhooks"]]
+         ms(w["latency_seconds"]["mean"]), ms(w["latency_seconds"]["max"])) for w in doc["webhooks"]] + [
+        (c["crd"], "conversion", str(c["requests"]), str(c["converted"]), "-", str(c["errors"]),
+         ms(c["latency_seconds"]["mean"]), ms(c["latency_seconds"]["max"])) for c in doc.get("conversions", [])]
 
 
 def _problem(cluster: dict[str, Any]) -> str:

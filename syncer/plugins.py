@@ -7,6 +7,7 @@ installed package advertising an entry point in the ``syncer.controllers`` group
     def syncer_fleet_controllers(settings: dict) -> dict[str, FleetController]: ...  # once, over all clusters
     def syncer_fleet_components(settings: dict) -> list[FleetComponent]: ...       # run(scope) per term
     def syncer_webhooks(settings: dict) -> list[Webhook]: ...      # syncer.webhook: Validating/MutatingWebhook
+    def syncer_conversions(settings: dict) -> list[Conversion]: ...  # syncer.webhook: CRD conversion webhooks
     def syncer_stores(settings: dict) -> list[Store]: ...          # syncer.runnables: recovered before controllers
     def syncer_runnables(settings: dict) -> list[Runnable]: ...    # syncer.runnables: run while leading
 
@@ -40,7 +41,7 @@ from controllers.fleet import FleetComponent, FleetController
 from informers import GVR
 
 from .runnables import Runnable, Store, check_runnable, check_store
-from .webhook import Webhook
+from .webhook import Conversion, Webhook
 
 T = TypeVar("T")
 HOOK = "syncer_controllers"
@@ -62,6 +63,8 @@ EXTENSION_HOOKS = {
     "syncer_webhooks": _Extension("webhooks", "webhook", lambda w: "" if isinstance(w, Webhook) else
                                   f"{type(w).__name__} is not a ValidatingWebhook or MutatingWebhook",
                                   lambda w: w.path),
+    "syncer_conversions": _Extension("conversions", "conversion", lambda c: "" if isinstance(c, Conversion) else
+                                     f"{type(c).__name__} is not a Conversion", lambda c: c.crd),
     "syncer_stores": _Extension("stores", "store", check_store, lambda s: s.name),
     "syncer_runnables": _Extension("runnables", "runnable", check_runnable, lambda r: r.name),
     "syncer_fleet_components": _Extension("components", "fleet component", lambda c: "" if isinstance(
@@ -71,16 +74,17 @@ EXTENSION_HOOKS = {
 
 class Plugins(dict[str, ManagedController]):
     """The loaded plugins: their controllers by name (the dict itself), fleet controllers by name, fleet components,
-    webhooks, stores and runnables."""
+    webhooks, CRD conversions, stores and runnables."""
 
     def __init__(self, controllers: Mapping[str, ManagedController] | None = None, *,
-                 webhooks: Sequence[Webhook] = (), stores: Sequence[Store] = (),
+                 webhooks: Sequence[Webhook] = (), conversions: Sequence[Conversion] = (), stores: Sequence[Store] = (),
                  runnables: Sequence[Runnable] = (), fleet: Mapping[str, FleetController] | None = None,
                  components: Sequence[FleetComponent] = ()) -> None:
         super().__init__(controllers or {})
         self.fleet = dict(fleet or {})
         self.components = list(components)
         self.webhooks = list(webhooks)
+        self.conversions = list(conversions)
         self.stores = list(stores)
         self.runnables = list(runnables)
 

@@ -113,8 +113,9 @@ class Syncer:
         self.supervisor = Supervisor("syncer")
         self.stores = Stores(plugins.stores, settings.start_timeout)
         self.runnables = Runnables(plugins.runnables)
-        self.webhooks = (WebhookService(settings.webhooks, plugins.webhooks, client, self.identity, self.supervisor)
-                         if plugins.webhooks else None)
+        self.webhooks = (WebhookService(settings.webhooks, plugins.webhooks, client, self.identity, self.supervisor,
+                                        plugins.conversions)
+                         if plugins.webhooks or plugins.conversions else None)
         self.fleet = plugins.fleet
         self.components = plugins.components
         self.registry: ClusterRegistry | None = None

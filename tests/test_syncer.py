@@ -129,10 +129,18 @@ def test_plugin_controller_follows_its_crd(control_plane_factory, sidecars) -> N
     assert (ref.kind, ref.name, ref.controller) == ("Widget", "w", True)
     assert get_widget(custom)["metadata"]["finalizers"] == ["examples.kube-syncer.io/cleanup"]
     car.wait(lambda: {"ConfigMapSynced", "Ready"} <= event_reasons(api, "w"), "the widget's Events")
-    # a spec change is reconciled; the ConfigMap follows, and is put back when deleted by hand
+    # a spec change is reconciled; the ConfigMap follows, and is put back when deleted by hand. Ready stays True,
+    # so its lastTransitionTime (pinned in the past here, as if set long ago) must not move.
+    [ready] = get_widget(custom)["status"]["conditions"]
+    assert (ready["type"], ready["status"], ready["observedGeneration"]) == ("Ready", "True", 1)
+    custom.patch_namespaced_custom_object_status("examples.kube-syncer.io", "v1", "default", "widgets", "w", {
+        "status": {"conditions": [{**ready, "lastTransitionTime": "2020-01-01T00:00:00Z"}]}})
     custom.patch_namespaced_custom_object("examples.kube-syncer.io", "v1", "default", "widgets", "w",
                                           {"spec": {"size": 3}})
     car.wait(lambda: (get_widget(custom).get("status") or {}).get("observedGeneration") == 2, "generation 2")
+    [ready] = get_widget(custom)["status"]["conditions"]
+    assert (ready["message"], ready["observedGeneration"], ready["lastTransitionTime"]) == (
+        "size is 3", 2, "2020-01-01T00:00:00Z")
     assert core.read_namespaced_config_map("w", "default").data == {"size": "3"}
     core.delete_namespaced_config_map("w", "default")
     car.wait(lambda: configmap_data(core, "default", "w") == {"size": "3"}, "the ConfigMap put back")

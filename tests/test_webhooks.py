@@ -318,8 +318,8 @@ def no_keep_alive(monkeypatch: pytest.MonkeyPatch) -> None:
     handshake, which kept-alive connections would otherwise spare it."""
     route = WebhookServer._route
 
-    def closing(self: WebhookServer, webhook: Any) -> Callable[[Any], Awaitable[Any]]:
-        handle = route(self, webhook)
+    def closing(self: WebhookServer, path: str, serve: Any) -> Callable[[Any], Awaitable[Any]]:
+        handle = route(self, path, serve)
 
         async def close_after(request: Any) -> Any:
             response = await handle(request)

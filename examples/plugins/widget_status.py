@@ -5,7 +5,8 @@ controller uses:
   included) do not;
 - an owned child: a ConfigMap per Widget, named after it, holding its size, with a controller owner reference;
   ``owns(CONFIGMAPS)`` reconciles the Widget when its ConfigMap is changed or deleted, which puts it back;
-- the status (``observedGeneration`` and a ``Ready`` condition) written with server-side apply, as field manager
+- the status (``observedGeneration`` and a ``Ready`` condition, set with ``set_status_condition``, whose
+  ``lastTransitionTime`` moves only when the status changes) written with server-side apply, as field manager
   ``widget-status``;
 - a finalizer, ``examples.kube-syncer.io/cleanup``: deleting a Widget runs ``finalize``, which deletes its
   ConfigMap at once rather than leaving it to the garbage collector, before the Widget goes;
@@ -17,12 +18,12 @@ controller runs, or the finalizer holds the Widgets (and the CRD) until it runs 
 
 from __future__ import annotations
 
-import datetime
+import copy
 from typing import Any
 
 from controllers import (
     Controller, ControllerContext, ManagedController, ReconcileContext, Request, generation_changed,
-    set_controller_reference,
+    set_controller_reference, set_status_condition,
 )
 from informers import GVR, NotFound
 from informers.resource import Object
@@ -49,13 +50,14 @@ async def reconcile(req: Request, rc: ReconcileContext) -> None:
     generation = widget["metadata"]["generation"]
     if (widget.get("status") or {}).get("observedGeneration") == generation:
         return
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # The conditions as they are, so that lastTransitionTime moves only when Ready's status changes.
+    status = {"observedGeneration": generation,
+              "conditions": copy.deepcopy((widget.get("status") or {}).get("conditions") or [])}
+    set_status_condition({"metadata": widget["metadata"], "status": status}, "Ready", "True", "Reconciled",
+                         f"size is {size}")
     await rc.client.apply_status({
         "apiVersion": widget["apiVersion"], "kind": widget["kind"],
-        "metadata": {"name": req.name, "namespace": req.namespace},
-        "status": {"observedGeneration": generation, "conditions": [{
-            "type": "Ready", "status": "True", "reason": "Reconciled", "message": f"size is {size}",
-            "observedGeneration": generation, "lastTransitionTime": now}]},
+        "metadata": {"name": req.name, "namespace": req.namespace}, "status": status,
     }, field_manager=FIELD_MANAGER, force=True)
     rc.events.event(widget, "Normal", "Ready", "Reconcile", f"generation {generation}, size {size}")
     rc.log.info("widget {} ready (generation {}, size {})", req.key, generation, size)

@@ -94,8 +94,7 @@ class Webhook:
 
     def __post_init__(self) -> None:
         what = f"{type(self).__name__} {self.name!r}"
-        labels = self.name.split(".") if isinstance(self.name, str) else []
-        if len(labels) < 3 or len(self.name) > 253 or not all(len(x) <= 63 and _LABEL.match(x) for x in labels):
+        if not is_qualified_name(self.name):
             raise ValueError(f"{what}: the name must be a fully qualified DNS name of at least three labels "
                              "(lowercase letters, digits, '-'), like 'validate.widgets.example.com'")
         if not inspect.iscoroutinefunction(self.handler):
@@ -146,6 +145,17 @@ class MutatingWebhook(Webhook):
         super().__post_init__()
         _one_of(f"MutatingWebhook {self.name!r}", "reinvocation_policy", self.reinvocation_policy,
                 ("Never", "IfNeeded"))
+
+
+def is_dns_label(value: Any) -> bool:
+    """Whether ``value`` is a DNS label (RFC 1123: lowercase letters, digits, '-', at most 63), like a version name."""
+    return isinstance(value, str) and len(value) <= 63 and bool(_LABEL.match(value))
+
+
+def is_qualified_name(value: Any) -> bool:
+    """Whether ``value`` is a DNS subdomain of at least three labels, like a webhook's or a CRD's name."""
+    labels = value.split(".") if isinstance(value, str) else []
+    return len(labels) >= 3 and len(value) <= 253 and all(map(is_dns_label, labels))
 
 
 def handler_timeout(timeout_seconds: float) -> float:

@@ -1,4 +1,5 @@
-"""The admission webhook server: declared webhooks served over TLS by aiohttp, on every replica.
+"""The webhook server: declared admission webhooks and CRD conversions (``conversion.py``) served over TLS by aiohttp,
+on every replica.
 
 What differs from controller-runtime's webhook server and kopf's, and why:
 
@@ -27,6 +28,7 @@ What differs from controller-runtime's webhook server and kopf's, and why:
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import ssl
 import time
@@ -41,6 +43,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from informers import ApiClient
 
 from .certificates import ServingCertificates
+from .conversion import Conversion, ConversionError, conversion_response, parse_conversion_review
 from .declaration import MAX_TIMEOUT, MutatingWebhook, Webhook, handler_timeout
 from .review import AdmissionRequest, Allow, Deny, ReviewError, Verdict, check_patch, parse_review, review_response
 
@@ -85,26 +88,40 @@ class WebhookStats:
                                     "max": round(self.latency_max, 6) if self.requests else None}}
 
 
+class _Refused(Exception):
+    """A request we cannot take: answered with ``code`` and ``message`` as a ``Status``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class WebhookServer:
-    """Serves ``webhooks`` at their paths on ``host:port`` with ``certificates``' TLS context."""
+    """Serves ``webhooks`` and ``conversions`` at their paths on ``host:port`` with ``certificates``' TLS context."""
 
     def __init__(self, host: str, port: int, webhooks: Sequence[Webhook], certificates: ServingCertificates,
-                 client: ApiClient | None = None) -> None:
+                 client: ApiClient | None = None, conversions: Sequence[Conversion] = ()) -> None:
         """``client`` is handed to handlers that take it (``async def handler(request, client)``): a check against
         what is already in the cluster (one object per key, say) needs to read it, on every replica."""
         self.host, self.port = host, port
         self.client = client
         self.webhooks = list(webhooks)
+        self.conversions = list(conversions)
         self.certificates = certificates
         self.require_client_cert = bool(certificates.client_ca_file)
-        self.stats = {w.path: WebhookStats() for w in self.webhooks}  # by path
+        # by path; a conversion's "allowed" counts the reviews converted
+        self.stats = {path: WebhookStats() for path in [*(w.path for w in self.webhooks),
+                                                         *(c.path for c in self.conversions)]}
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         """Bind and serve (OSError if the address is taken)."""
         app = web.Application(client_max_size=MAX_BODY)
         for webhook in self.webhooks:
-            app.router.add_post(webhook.path, self._route(webhook))
+            app.router.add_post(webhook.path, self._route(webhook.path, functools.partial(self._serve, webhook)))
+        for conversion in self.conversions:
+            app.router.add_post(conversion.path,
+                                self._route(conversion.path, functools.partial(self._convert, conversion)))
         # In-flight requests end within their handler's timeout: stopping waits that long, not aiohttp's 60 s.
         grace = max((w.timeout_seconds for w in self.webhooks), default=1) + 1.0
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
@@ -149,34 +166,76 @@ class WebhookServer:
             return f"TLS self-dial of {host}:{self.port} saw another certificate than the one loaded"
         return ""
 
-    def _route(self, webhook: Webhook) -> Callable[[web.Request], Awaitable[web.Response]]:
-        stats = self.stats[webhook.path]
+    def _route(self, path: str, serve: Callable[[web.Request], Awaitable[tuple[web.Response, str]]]
+               ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        stats = self.stats[path]
 
         async def handle(request: web.Request) -> web.Response:
             started = time.monotonic()
-            _IN_FLIGHT.labels(webhook.path).inc()
+            _IN_FLIGHT.labels(path).inc()
             try:
-                response, outcome = await self._serve(webhook, request)
+                try:
+                    response, outcome = await serve(request)
+                except _Refused as e:
+                    response, outcome = _failed(e.code, str(e))
             finally:
-                _IN_FLIGHT.labels(webhook.path).dec()
+                _IN_FLIGHT.labels(path).dec()
             elapsed = time.monotonic() - started
-            _REQUESTS.labels(webhook.path, str(response.status)).inc()
-            _LATENCY.labels(webhook.path).observe(elapsed)
+            _REQUESTS.labels(path, str(response.status)).inc()
+            _LATENCY.labels(path).observe(elapsed)
             stats.count(outcome, elapsed)
             return response
         return handle
 
-    async def _serve(self, webhook: Webhook, request: web.Request) -> tuple[web.Response, str]:
-        """The answer, and whether the handler allowed, denied, or an error (ours, the request's) answered."""
+    async def _body(self, request: web.Request) -> bytes:
+        """The request's JSON body; _Refused without the client certificate required, of another type, too large."""
         if self.require_client_cert and not (request.transport and request.transport.get_extra_info("peercert")):
-            return _failed(401, "a client certificate signed by the CA of setting 'webhooks.client_ca_file' is "
+            raise _Refused(401, "a client certificate signed by the CA of setting 'webhooks.client_ca_file' is "
                                 "required (configure the API server's AdmissionConfiguration kubeConfigFile)")
         if request.content_type != "application/json":
-            return _failed(415, f"Content-Type must be application/json, got {request.content_type!r}")
+            raise _Refused(415, f"Content-Type must be application/json, got {request.content_type!r}")
         try:
-            body = await request.read()
+            return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _failed(413, f"the body is larger than {MAX_BODY} bytes")
+            raise _Refused(413, f"the body is larger than {MAX_BODY} bytes") from None
+
+    async def _convert(self, conversion: Conversion, request: web.Request) -> tuple[web.Response, str]:
+        """A ConversionReview's answer: the objects converted (outcome ``allowed``), or a failed ``result`` saying
+        why (``error``); never an HTTP error for a converter's failure, so that its message reaches the client."""
+        body = await self._body(request)
+        try:
+            review = parse_conversion_review(body)
+        except ReviewError as e:
+            raise _Refused(400, f"not a ConversionReview request: {e}") from None
+        group, _, version = review.desired_api_version.partition("/")
+        log = _log.bind(conversion=conversion.crd, uid=review.uid)
+        timeout = handler_timeout(MAX_TIMEOUT)  # the API server gives a conversion webhook 30 s
+        try:
+            if group != conversion.group:
+                raise ConversionError(f"the webhook of {conversion.crd} was asked for {review.desired_api_version}, "
+                                      f"another group: check the CRD's spec.conversion.webhook.clientConfig")
+            async with asyncio.timeout(timeout) as deadline:
+                converted = [await conversion.convert(obj, version) for obj in review.objects]
+        except ConversionError as e:
+            if e.__cause__ is not None:
+                log.opt(exception=e.__cause__).error("conversion failed: {}", e)
+            else:
+                log.warning("conversion failed: {}", e)
+            return _conversion_failed(review.uid, f"{e} (request uid {review.uid})")
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            log.warning("conversion to {} did not finish within {:g}s", review.desired_api_version, timeout)
+            return _conversion_failed(review.uid, f"the conversion of {len(review.objects)} {conversion.crd} object(s) "
+                                                  f"to {version} did not finish within {timeout:g}s "
+                                                  f"(request uid {review.uid})")
+        log.debug("converted {} object(s) to {}", len(converted), review.desired_api_version)
+        return web.Response(body=conversion_response(review.uid, converted), content_type="application/json"), \
+            "allowed"
+
+    async def _serve(self, webhook: Webhook, request: web.Request) -> tuple[web.Response, str]:
+        """The answer, and whether the handler allowed, denied, or an error (ours, the request's) answered."""
+        body = await self._body(request)
         try:
             review = parse_review(body)
         except ReviewError as e:
@@ -247,6 +306,10 @@ def _problem(webhook: Webhook, verdict: Verdict) -> str:
 def _object_name(review: AdmissionRequest) -> str:
     name = review.name or "(name to be generated)"
     return f"{review.namespace}/{name}" if review.namespace else name
+
+
+def _conversion_failed(uid: str, message: str) -> tuple[web.Response, str]:
+    return web.Response(body=conversion_response(uid, error=message), content_type="application/json"), "error"
 
 
 def _failed(code: int, message: str) -> tuple[web.Response, str]:

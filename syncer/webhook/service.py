@@ -34,11 +34,16 @@ from informers.errors import describe_error
 from ..settings import Webhooks
 from .certificates import CertificateError, ServingCertificates
 from .configuration import ConfigurationError, ManagedConfigurations
+from .conversion import Conversion
+from .conversion_configuration import ManagedConversions
 from .declaration import Webhook
 from .server import WebhookServer, loopback_for
 
 _POLL_CERTIFICATES = 1.0
 _UPKEEP_INTERVAL = 30.0
+# A converted CRD not installed yet is looked for this often: installed after the sidecar started (as a user
+# following the README does), it is configured within seconds rather than at the next round.
+_MISSING_CRD_POLL = 2.0
 # How long after a configuration write the API server must have called the probes; past it, the upkeep reports
 # that it cannot reach us and tries again.
 _PROBE_WITHIN = 30.0
@@ -53,22 +58,27 @@ class NotCalled(Exception):
 
 
 class WebhookService:
-    """The webhook server of one sidecar process, configured by ``settings`` (``[webhooks]``)."""
+    """The webhook server of one sidecar process, configured by ``settings`` (``[webhooks]``): admission
+    ``webhooks`` and CRD ``conversions``."""
 
     def __init__(self, settings: Webhooks, webhooks: Sequence[Webhook], client: ApiClient, identity: str,
-                 supervisor: Supervisor) -> None:
+                 supervisor: Supervisor, conversions: Sequence[Conversion] = ()) -> None:
         self.settings = settings
         self.supervisor = supervisor
         host, _, port = settings.bind.rpartition(":")
-        self.configurations = (ManagedConfigurations(client, settings.configuration_name, identity,
-                                                     settings.url or _url(host, int(port)), webhooks,
-                                                     settings.probe_namespace)
-                               if _manages(settings.manage_configurations, client.host) else None)
+        base_url = settings.url or _url(host, int(port))
+        manages = _manages(settings.manage_configurations, client.host)
+        # With only conversions declared, the configurations hold just the probes: they still prove that the API
+        # server reaches us with our CA.
+        self.configurations = (ManagedConfigurations(client, settings.configuration_name, identity, base_url,
+                                                     webhooks, settings.probe_namespace) if manages else None)
+        self.conversions = (ManagedConversions(client, identity, base_url, conversions)
+                            if manages and conversions else None)
         # A new CA goes into the configurations' caBundle before its certificate is served (see certificates.py).
         self.certificates = ServingCertificates(settings.cert_dir, settings.hosts, settings.client_ca_file,
                                                 stage_ca_changes=self.configurations is not None)
         served = self.configurations.webhooks if self.configurations else list(webhooks)
-        self.server = WebhookServer(host, int(port), served, self.certificates, client)
+        self.server = WebhookServer(host, int(port), served, self.certificates, client, conversions)
         self.dialed = False
         self.called = False
         self.last_error = ""
@@ -91,8 +101,10 @@ class WebhookService:
                                    "have it) or set webhooks.manage_configurations = false")
         await self.server.start()
         probes = len(self.configurations.probes) if self.configurations else 0
-        _log.info("serving {} admission webhook(s){} on https://{} ({} certificate{})",
-                  len(self.server.webhooks) - probes, " and the readiness probes" if probes else "",
+        _log.info("serving {} admission webhook(s){}{} on https://{} ({} certificate{})",
+                  len(self.server.webhooks) - probes,
+                  f", {len(self.server.conversions)} CRD conversion(s)" if self.server.conversions else "",
+                  " and the readiness probes" if probes else "",
                   self.settings.bind, self.certificates.source,
                   ", client certificates required" if self.server.require_client_cert else "")
         if self.settings.cert_dir:
@@ -117,6 +129,9 @@ class WebhookService:
                 for name in self._tasks:
                     await self.supervisor.cancel(name)
                 self._tasks.clear()
+                if self.conversions is not None:
+                    for what in await self.conversions.remove():
+                        _log.info("removed {}", what)
                 if self.configurations is not None:
                     for what in await self.configurations.remove():
                         _log.info("deleted {}", what)
@@ -142,7 +157,18 @@ class WebhookService:
                           **({"url": self.configurations.url(w)} if self.configurations else {}),
                           **self.server.stats[w.path].as_dict()}
                          for w in self.server.webhooks],
+            "conversions": [self._conversion_status(c) for c in self.server.conversions],
         }
+
+    def _conversion_status(self, conversion: Conversion) -> dict[str, Any]:
+        stats = self.server.stats[conversion.path].as_dict()
+        stats.pop("denied")
+        stats["converted"] = stats.pop("allowed")
+        return {"crd": conversion.crd, "strategy": conversion.strategy, "versions": conversion.versions,
+                "path": conversion.path,
+                **({"url": self.conversions.url(conversion), "configuration": self.conversions.status(conversion)}
+                   if self.conversions else {"configuration": "not managed"}),
+                **stats}
 
     # -- tasks -------------------------------------------------------------------------------------------
     def _spawn(self, name: str, body: Any) -> None:
@@ -173,8 +199,9 @@ class WebhookService:
             self.last_error = ""
             handle.succeeded()
             backoff.reset()
+            missing = self.conversions is not None and self.conversions.missing
             try:
-                async with asyncio.timeout(_UPKEEP_INTERVAL):
+                async with asyncio.timeout(_MISSING_CRD_POLL if missing else _UPKEEP_INTERVAL):
                     await self._changed.wait()
             except TimeoutError:
                 pass
@@ -195,6 +222,9 @@ class WebhookService:
             raise CertificateError(f"setting 'webhooks.cert_dir': {self.settings.cert_dir} no longer has ca.crt")
         for what in await self.configurations.apply(bundle):
             _log.info("webhooks: {}", what)
+        if self.conversions is not None:
+            for what in await self.conversions.apply(bundle):
+                _log.info("webhooks: {}", what)
         if not self.configurations.called:
             await self._probe()
         # The API server calls us with the configurations just written, so it trusts the new CA too: serve its
