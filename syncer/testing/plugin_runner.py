@@ -62,7 +62,7 @@ class RunningPlugin:
 
     def controller(self, name: str) -> dict[str, Any]:
         """The ``/status`` row of controller ``name``: ``state``, ``reconciles``, ``last_reconcile_error``, ..."""
-        rows = {row["name"]: row for row in self.status()["controllers"]}
+        rows: dict[str, dict[str, Any]] = {row["name"]: row for row in self.status()["controllers"]}
         if name not in rows:
             raise KeyError(f"no controller {name!r}; the plugins define {', '.join(sorted(rows)) or 'none'}")
         return rows[name]
@@ -101,8 +101,8 @@ class RunningPlugin:
             row = self.controller(name)
             if row["state"] == "running":
                 continue
-            details = [f"{what} {', '.join(row[key])}" for key, what in (("missing", "GVRs not served:"),
-                                                                         ("not_synced", "not synced:")) if row.get(key)]
+            waiting = [*row.get("missing", ()), *(f"{gvr} to sync" for gvr in row.get("not_synced", ()))]
+            details = [f"waiting for {', '.join(waiting)}"] if waiting else []
             if row.get("last_error"):
                 details.append(f"last error: {row['last_error']}")
             parts.append(f"controller {name} {row['state']}" + (f" ({'; '.join(details)})" if details else ""))
