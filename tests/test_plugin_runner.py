@@ -19,7 +19,8 @@ import pytest
 from informers import GVR, ApiClient, Invalid, NotFound, ResourceClient
 from syncer.runtime import StartupError
 from syncer.settings import SettingsError
-from syncer.testing import ControlPlane, admission_request, eventually, plugin_settings, run_plugin
+from syncer.testing import ControlPlane, admission_request, eventually, run_plugin
+from syncer.testing.plugin_runner import runner_settings
 from syncer.webhook import AdmissionRequest
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
@@ -146,23 +147,23 @@ async def test_a_sidecar_that_cannot_start_raises_its_error(tmp_path: Path, cont
 
 
 def test_run_plugin_settings_defaults_and_mistakes(control_plane: ControlPlane) -> None:
-    s = plugin_settings(control_plane, ["backup.py"], {"include": ["core/configmaps"], "webhooks": {
+    s = runner_settings(control_plane, ["backup.py"], {"include": ["core/configmaps"], "webhooks": {
         "probe_namespace": "probes"}, "plugin_settings": {"backup": {"suffix": "-copy"}}})
     assert (s.kubeconfig, s.context, s.plugins, s.include) == (
         str(control_plane.kubeconfig), "admin", ("backup.py",), ("core/configmaps",))
     assert (s.entry_point_plugins, s.watch, s.webhooks.probe_namespace) == (False, "required", "probes")
     assert s.plugin_settings == {"backup": {"suffix": "-copy"}}
-    other = plugin_settings(control_plane, ["backup.py"])
+    other = runner_settings(control_plane, ["backup.py"])
     assert s.http_bind != other.http_bind and s.webhooks.bind != other.webhooks.bind
     assert s.webhooks.configuration_name != other.webhooks.configuration_name
     with pytest.raises(SettingsError, match=r"unknown setting 'inclde' in run_plugin's settings \(did you mean "
                                             r"'include'\?\)"):
-        plugin_settings(control_plane, ["backup.py"], {"inclde": []})
+        runner_settings(control_plane, ["backup.py"], {"inclde": []})
     with pytest.raises(SettingsError, match="setting 'workers' must be an integer from 1 to 1000, got 0; fix it in "
                                             "run_plugin's settings"):
-        plugin_settings(control_plane, ["backup.py"], {"workers": 0})
+        runner_settings(control_plane, ["backup.py"], {"workers": 0})
     with pytest.raises(ValueError, match="run_plugin's settings cannot set kubeconfig, plugins"):
-        plugin_settings(control_plane, ["backup.py"], {"plugins": [], "kubeconfig": "x"})
+        runner_settings(control_plane, ["backup.py"], {"plugins": [], "kubeconfig": "x"})
 
 
 async def test_api_client_fixture_is_ours_as_admin(api_client: ApiClient, api: ApiClient) -> None:
@@ -195,7 +196,8 @@ def test_admission_request_fills_what_the_operation_carries() -> None:
     (("UPDATE", "v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap"}), {},
      "UPDATE requests carry object and old_object; old_object not given"),
     (("CREATE", "v1/configmaps"), {}, "CREATE requests carry object; object not given"),
-    (("DELETE", "v1/configmaps", {"kind": "ConfigMap"}, {"kind": "ConfigMap"}), {}, "a DELETE request carries no object"),
+    (("DELETE", "v1/configmaps", {"kind": "ConfigMap"}, {"kind": "ConfigMap"}), {},
+     "a DELETE request carries no object"),
     (("CREATE", "v1/configmaps", {"metadata": {"name": "x"}}), {}, "object has no apiVersion and kind"),
     (("CREATE", "a/b/c/d", {"apiVersion": "v1", "kind": "ConfigMap"}), {}, "cannot parse GVR 'a/b/c/d'"),
     (("CREATE", "v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap"}), {"review_version": "v2"},

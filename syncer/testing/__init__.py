@@ -5,8 +5,8 @@ for conditions. The pytest fixtures are in ``syncer.testing.pytest_plugin``."""
 from .admission import admission_request
 from .assets import Assets, AssetsError, ensure_assets
 from .controlplane import ControlPlane, ControlPlaneError
-from .plugin_runner import RunningPlugin, plugin_settings, run_plugin
+from .plugin_runner import RunningPlugin, run_plugin
 from .wait import eventually
 
 __all__ = ["Assets", "AssetsError", "ControlPlane", "ControlPlaneError", "RunningPlugin", "admission_request",
-           "ensure_assets", "eventually", "plugin_settings", "run_plugin"]
+           "ensure_assets", "eventually", "run_plugin"]

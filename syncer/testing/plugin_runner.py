@@ -12,7 +12,7 @@ made the sidecar fail, if anything did (a ``StartupError``, a controller that ig
 defaults, so that tests can run side by side on one control plane: ``http_bind`` and ``webhooks.bind`` on free
 loopback ports, a ``webhooks.configuration_name`` of its own, ``entry_point_plugins = false`` (only the plugins
 named) and ``watch = "required"`` (informers only for the GVRs the controllers require); each can be given.
-``kubeconfig``, ``context`` and ``plugins`` come from the arguments.
+``kubeconfig``, ``context`` and ``plugins`` come from the arguments; ``SYNCER_*`` variables apply to the rest.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class RunningPlugin:
         return "; ".join(parts)
 
 
-def plugin_settings(control_plane: ControlPlane, plugins: Sequence[PluginSpec],
+def runner_settings(control_plane: ControlPlane, plugins: Sequence[PluginSpec],
                     settings: Mapping[str, Any] | None = None) -> Settings:
     """The settings ``run_plugin`` runs ``plugins`` with against ``control_plane`` (see the module docstring);
     SettingsError names a bad setting, ValueError one that ``run_plugin`` sets itself."""
@@ -132,7 +132,7 @@ async def run_plugin(control_plane: ControlPlane, plugin: PluginSpec | Sequence[
     ``settings`` (a settings file's content as a dict) for the duration of the block; see the module docstring.
     PluginError or SettingsError say what is wrong with the plugin or the settings."""
     specs = [plugin] if isinstance(plugin, (str, os.PathLike)) else list(plugin)
-    s = plugin_settings(control_plane, specs, settings)
+    s = runner_settings(control_plane, specs, settings)
     plugins = load_plugins(s.plugins, s.plugin_settings, s.entry_point_plugins)
     client = ApiClient.from_kubeconfig(s.kubeconfig, s.context)
     syncer = Syncer(s, client, plugins)
