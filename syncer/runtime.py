@@ -127,7 +127,7 @@ class Syncer:
                            ", ".join(fleet_level))
         self.shards: ShardCoordinator | None = None
         self.unit_controllers: ControllerUnits | None = None
-        self.http = StatusServer(settings.http_bind, self.status, self.health, self._not_ready,
+        self.http = StatusServer(settings.http_bind, self.status, self.health, self.not_ready,
                                  debug=settings.debug_endpoints)
         self._leading = False
         self._stuck: list[str] = []
@@ -177,7 +177,7 @@ class Syncer:
         doc["fleet_components"] = [_component_status(c) for c in self.components] if self.registry is not None else []
         return doc
 
-    def _not_ready(self) -> str | None:
+    def not_ready(self) -> str | None:
         """Why ``/readyz`` fails, or None once discovery has run and the webhooks (if any) are being called."""
         if not self.ready:
             return "API discovery not done"

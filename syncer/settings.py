@@ -570,17 +570,19 @@ def _setting_name(key: str) -> str:
     return f"{head}.{rest.partition('.')[0]}" if head in _TABLES and rest else head
 
 
-def load_settings(path: str | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+def load_settings(path: str | None = None, overrides: Mapping[str, Any] | None = None,
+                  overrides_origin: str = "") -> Settings:
     """Read ``path`` (if given) and ``SYNCER_*`` variables, check every setting, and return typed Settings.
 
     ``overrides`` are command-line values (``--kubeconfig``, ``--context``); they win over the file and the
-    environment, and a mistake in one names the option.
+    environment, and a mistake in one names the option, or ``overrides_origin`` when they come from elsewhere
+    (``syncer.testing.run_plugin``'s settings).
     """
     ignored = _service_links()
     origins = _Origins(path, {_setting_name(k[len(ENV_PREFIX) + 1:].replace("__", ".")): k
                               for k in os.environ
                               if k.startswith(ENV_PREFIX + "_") and k != SETTINGS_ENV and k not in ignored},
-                       frozenset(overrides or ()))
+                       frozenset(overrides or ()), overrides_origin)
     values = {**_read(path, ignored), **(overrides or {})}
     _reject_unknown(values, origins)
     checked: dict[str, Any] = {}
@@ -649,20 +651,25 @@ def _reject_unknown(values: Mapping[str, Any], origins: _Origins) -> None:
 
 @dataclass(frozen=True)
 class _Origins:
-    """Where settings were given: the file, ``SYNCER_*`` variables (setting -> variable), command-line options."""
+    """Where settings were given: the file, ``SYNCER_*`` variables (setting -> variable), command-line options
+    (or the overrides' ``options_origin``)."""
 
     path: str | None
     env: dict[str, str]
     options: frozenset[str]
+    options_origin: str = ""
 
     def of(self, name: str) -> str:
         """Where setting ``name`` was given."""
+        if name in self.options:
+            return self.options_origin or f"the --{name.replace('_', '-')} option"
         return f"environment variable {self.env[name]}" if name in self.env else f"settings file {self.path!r}"
 
     def fix(self, name: str) -> str:
         """Where to fix setting ``name``."""
         if name in self.options:
-            return f"fix the --{name.replace('_', '-')} option"
+            return f"fix it in {self.options_origin}" if self.options_origin else \
+                f"fix the --{name.replace('_', '-')} option"
         if name in self.env:
             return f"fix environment variable {self.env[name]} (it overrides the settings file)"
         return f"set it in the settings file or in {env_var(name)}"

@@ -15,12 +15,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture
-async def api(control_plane):
-    """Our async ApiClient as admin on the shared control plane."""
-    from informers import ApiClient
-
-    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
-        yield client
+def api(api_client):
+    """The plugin's ``api_client`` (our async ApiClient as admin on the shared control plane), by its short name."""
+    return api_client
 
 
 # Randomized fault tests draw from the ``seed`` fixture: CI runs them with this fixed seed, ``--seed N`` replays

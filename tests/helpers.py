@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator
 
 from informers import GVR, ApiClient, ApiError
+from syncer.testing import eventually  # noqa: F401 (the suite imports it from here)
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
 
@@ -35,19 +35,6 @@ async def server_state(api: ApiClient, gvr: GVR, namespace: str | None = None) -
 
 def cache_state(informer: Any) -> dict[str, str]:
     return {k: informer.store.get(k)["metadata"]["resourceVersion"] for k in informer.store.keys()}
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await asyncio.sleep(0.05)
 
 
 async def converged(api: ApiClient, informer: Any, namespace: str | None = None) -> bool:

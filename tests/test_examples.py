@@ -5,6 +5,8 @@
 - The plugin of "### Write your own plugin" is deploy/plugin-example/syncer_backup.py, character for character,
   and runs with the README's settings under ``python -m syncer run``.
 - examples/settings.toml loads, and its ``include`` covers what the example plugins require.
+- The tests of "### Testing your own controllers" (its ``conftest.py`` and ``test_backup.py``, next to the plugin
+  above) pass under pytest in a project of its own, with an empty configuration and no warning.
 
 (The example plugins themselves run in tests/test_syncer.py, examples/crd_lifecycle.py there too.)
 """
@@ -87,7 +89,8 @@ def start_snippet(heading: str, tmp_path: Path, cp: ControlPlane) -> tuple[subpr
 
 def test_the_readme_python_snippets_are_the_ones_tested() -> None:
     assert {h: len(b) for h, b in readme_blocks("python").items()} == {
-        "Informers (`informers`)": 1, "Controllers (`controllers`)": 1, "Write your own plugin": 1}
+        "Informers (`informers`)": 1, "Controllers (`controllers`)": 1, "Write your own plugin": 1,
+        "Testing your own controllers": 2}
 
 
 def test_informers_snippet(tmp_path: Path, control_plane: ControlPlane) -> None:
@@ -200,3 +203,21 @@ def test_plugin_section_runs_with_its_settings(tmp_path: Path, control_plane: Co
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- the tests of "Testing your own controllers", in a project of their own ---------------------------------------
+def test_testing_section_passes_in_a_project_with_an_empty_configuration(tmp_path: Path) -> None:
+    conftest, tests = readme_blocks("python")["Testing your own controllers"]
+    (tmp_path / "conftest.py").write_text(conftest)
+    (tmp_path / "test_backup.py").write_text(tests)
+    (tmp_path / "backup.py").write_text(snippet("Write your own plugin"))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the project's own, empty: not our setup.cfg
+    [command] = [line for line in readme_blocks("sh")["Testing your own controllers"][0].splitlines()
+                 if line.startswith("pytest ")]
+    argv = command.partition("#")[0].split()
+    # The repository's root on the path, as in the walk-through, for ``examples``; pytest as the venv's module.
+    run = subprocess.run([sys.executable, "-m", *argv, "-p", "no:cacheprovider", "-W", "error"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "2 passed" in out, out
+    assert "warning" not in out.lower(), out

@@ -8,19 +8,38 @@ Enable with ``pytest_plugins = ["syncer.testing.pytest_plugin"]`` in a ``conftes
   the end of the test.
 - ``namespace``: a fresh namespace per test on the shared control plane (deleted afterwards).
 - ``admin_client`` / ``restricted_client``: official ``kubernetes`` ApiClients as the admin / restricted user.
+- ``api_client``: our async ``informers.ApiClient`` as the admin user, per test (in the test's event loop).
 
 A control plane that cannot be built or started fails the test with the reason; it never skips.
+
+pytest-asyncio warns at every run of a project whose configuration does not choose the event loop of async
+fixtures (``asyncio_default_fixture_loop_scope``). ``api_client`` needs the test's own loop, and so does what a
+test awaits with it (``run_plugin``): unless the project's configuration says otherwise, this plugin makes that
+default ``function``, the one pytest-asyncio announces, so that a project with an empty configuration runs
+without the warning.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Callable, Iterator, Sequence
+from typing import AsyncIterator, Callable, Iterator, Sequence
 
 import kubernetes
 import pytest
+import pytest_asyncio
+
+from informers import ApiClient
 
 from .controlplane import ControlPlane
+
+LOOP_SCOPE_OPTION = "asyncio_default_fixture_loop_scope"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The default event loop of async fixtures: the test's own (see the module docstring). Declared again after
+    pytest-asyncio declared it without a default; a value in the project's configuration still wins."""
+    parser.addini(LOOP_SCOPE_OPTION, "default scope of the asyncio event loop used to execute async fixtures "
+                  "(kube-syncer's pytest plugin: function)", default="function")
 
 
 def kube_client(cp: ControlPlane, context: str = "admin") -> kubernetes.client.ApiClient:
@@ -68,6 +87,13 @@ def admin_client(control_plane: ControlPlane) -> Iterator[kubernetes.client.ApiC
 def restricted_client(control_plane: ControlPlane) -> Iterator[kubernetes.client.ApiClient]:
     """Client of the restricted user (authenticated, no RBAC grants) of the shared control plane."""
     with kube_client(control_plane, "restricted") as client:
+        yield client
+
+
+@pytest_asyncio.fixture
+async def api_client(control_plane: ControlPlane) -> AsyncIterator[ApiClient]:
+    """Our async ApiClient as admin on the shared control plane, closed after the test."""
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig), "admin") as client:
         yield client
 
 
