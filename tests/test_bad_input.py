@@ -282,10 +282,10 @@ CASES: dict[str, Case] = {
     "unknown": Case(
         "wokers = 2",
         "unknown setting 'wokers' in settings file '@SETTINGS@' (did you mean 'workers'?); known settings are "
-        "check_permissions, clusters, context, entry_point_plugins, exclude, http_bind, in_cluster, include, "
-        "kubeconfig, leader_election, log_format, log_level, namespace, plugin_settings, plugins, "
-        "preferred_version_only, rediscovery_interval, resync, sharding, shutdown_timeout, start_timeout, uvloop, watch, "
-        "webhooks, workers"),
+        "check_permissions, clusters, context, debug_endpoints, entry_point_plugins, exclude, field_selectors, "
+        "http_bind, in_cluster, include, kubeconfig, leader_election, log_format, log_level, namespace, "
+        "plugin_settings, plugins, preferred_version_only, rediscovery_interval, resync, sharding, shutdown_timeout, "
+        "start_timeout, uvloop, watch, webhooks, workers"),
     "unknown-nested": Case(
         "[leader_election]\nenable = true",
         "unknown setting 'leader_election.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); "
