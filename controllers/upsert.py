@@ -10,7 +10,9 @@ differences, and why:
   caller wraps the call in ``retry_on_conflict`` (each call reads afresh). ``create_or_patch`` sends merge
   patches of just the fields ``mutate`` changed, without a resourceVersion, so it only conflicts on a create race.
 - As controllerutil, they compare with semantic equality (``semantic_equal``): a ``mutate`` that sets an empty
-  map or list where the server stores none changes nothing, and sends nothing.
+  map or list where the server stores none changes nothing, and sends nothing. Without a schema, where the
+  server drops empty values is learned from its answers to these writes (``OMISSIONS``), the metadata's known
+  from the start: so after the first write of such a field, and never where ``{}`` means something.
 - As in controllerutil, a status set by ``mutate`` on the create path is dropped by servers that serve status as
   a subresource; it is written on the next ``create_or_patch``.
 """
@@ -24,7 +26,11 @@ from typing import Any, Callable
 from informers.errors import NotFound
 from informers.resource import Object, ResourceClient
 
-from .equality import semantic_equal
+from .equality import Omissions, semantic_equal
+
+# Where servers leave empty values out, learned from the answers to the upserts' own writes (process-wide: a
+# resource's schema is the same for every client of it).
+OMISSIONS = Omissions()
 
 Mutate = Callable[[Object], None]
 
@@ -44,11 +50,13 @@ async def create_or_update(client: ResourceClient, obj: Object, mutate: Mutate) 
     ``UNCHANGED``); if there is none, ``mutate`` a copy of ``obj`` and create it (``CREATED``)."""
     found = await _get(client, obj)
     if found is None:
-        return await client.create(_mutated(obj, mutate)), OperationResult.CREATED
+        return await _create(client, _mutated(obj, mutate)), OperationResult.CREATED
     desired = _mutated(found, mutate)
-    if semantic_equal(desired, found):
+    if semantic_equal(desired, found, OMISSIONS.of(client.gvr)):
         return found, OperationResult.UNCHANGED
-    return await client.update(desired), OperationResult.UPDATED
+    updated = await client.update(desired)
+    OMISSIONS.learn(client.gvr, desired, updated)
+    return updated, OperationResult.UPDATED
 
 
 async def create_or_patch(client: ResourceClient, obj: Object, mutate: Mutate) -> tuple[Object, OperationResult]:
@@ -56,23 +64,32 @@ async def create_or_patch(client: ResourceClient, obj: Object, mutate: Mutate) -
     then the status subresource (``UPDATED``, ``UPDATED_STATUS`` for both, ``UPDATED_STATUS_ONLY``)."""
     found = await _get(client, obj)
     if found is None:
-        return await client.create(_mutated(obj, mutate)), OperationResult.CREATED
+        return await _create(client, _mutated(obj, mutate)), OperationResult.CREATED
     desired = _mutated(found, mutate)
     meta = found["metadata"]
+    omitted = OMISSIONS.of(client.gvr)
     result = OperationResult.UNCHANGED
     current = found
     before, after = _without_status(found), _without_status(desired)
-    if not semantic_equal(before, after):
+    if not semantic_equal(before, after, omitted):
         current = await client.patch(meta["name"], _merge_patch(before, after), type="merge",
                                      namespace=meta.get("namespace"))
+        OMISSIONS.learn(client.gvr, after, current)
         result = OperationResult.UPDATED
-    if not semantic_equal(found.get("status"), desired.get("status")):
-        current = await client.patch_status(
-            meta["name"], _merge_patch({"status": found.get("status")}, {"status": desired.get("status")}),
-            type="merge", namespace=meta.get("namespace"))
+    status_before, status_after = {"status": found.get("status")}, {"status": desired.get("status")}
+    if not semantic_equal(status_before, status_after, omitted):
+        current = await client.patch_status(meta["name"], _merge_patch(status_before, status_after), type="merge",
+                                            namespace=meta.get("namespace"))
+        OMISSIONS.learn(client.gvr, status_after, current)
         result = (OperationResult.UPDATED_STATUS if result is OperationResult.UPDATED
                   else OperationResult.UPDATED_STATUS_ONLY)
     return current, result
+
+
+async def _create(client: ResourceClient, obj: Object) -> Object:
+    created = await client.create(obj)
+    OMISSIONS.learn(client.gvr, obj, created)
+    return created
 
 
 def _key(obj: Object) -> tuple[str | None, str | None]:
@@ -109,6 +126,6 @@ def _merge_patch(before: Any, after: Any) -> Any:
         return after
     patch = {k: None for k in before.keys() - after.keys()}
     for k, v in after.items():
-        if k not in before or not semantic_equal(before[k], v):
+        if k not in before or not semantic_equal(before[k], v, ()):
             patch[k] = _merge_patch(before.get(k), v)
     return patch

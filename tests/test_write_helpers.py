@@ -12,7 +12,7 @@ import pytest
 
 from controllers import (
     AlreadyOwnedError, OperationResult, Request, RetryBackoff, add_finalizer, create_or_patch, create_or_update,
-    has_finalizer, owner_requests, remove_finalizer, retry_on_conflict, set_controller_reference,
+    has_finalizer, owner_requests, remove_finalizer, retry_on_conflict, semantic_equal, set_controller_reference,
     set_owner_reference,
 )
 from informers import GVR, AlreadyExists, ApiClient, ApiError, Conflict, NotFound, ResourceClient
@@ -188,6 +188,27 @@ def record_writes(api: ApiClient) -> list[tuple[str, str]]:
 
     api.request = request  # type: ignore[method-assign]
     return writes
+
+
+def test_semantic_equality_omits_empty_values_only_where_the_server_does() -> None:
+    from controllers.equality import Omissions
+
+    # nulls are empty maps and lists; the metadata's empty maps and lists are left out by every server
+    assert semantic_equal({"spec": {"a": None}}, {"spec": {"a": {}}})
+    assert semantic_equal({"metadata": {"name": "x", "labels": {}, "finalizers": []}}, {"metadata": {"name": "x"}})
+    assert semantic_equal({"spec": {"a": None}}, {"spec": {}})
+    # elsewhere a {} may mean something (a namespaceSelector of every namespace, a custom resource's field)
+    assert not semantic_equal({"spec": {"namespaceSelector": {}}}, {"spec": {}})
+    assert not semantic_equal({"x": 1}, {"x": True}) and semantic_equal({"x": 1}, {"x": 1.0})
+    # ... until the server's answer to a write shows that it leaves that one out
+    learned = Omissions()
+    learned.learn("configmaps", {"data": {}, "spec": {"items": [{"tags": []}], "keep": {}}},
+                  {"spec": {"items": [{}], "keep": {}}})
+    omitted = learned.of("configmaps")
+    assert semantic_equal({"data": {}}, {}, omitted)
+    assert semantic_equal({"spec": {"items": [{"tags": []}]}}, {"spec": {"items": [{}]}}, omitted)
+    assert not semantic_equal({"spec": {"keep": {}}}, {"spec": {}}, omitted)
+    assert not semantic_equal({"data": {}}, {}, learned.of("secrets"))
 
 
 @pytest.mark.parametrize("upsert", [create_or_update, create_or_patch])
