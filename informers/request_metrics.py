@@ -4,8 +4,8 @@ and ``rest_client_request_duration_seconds{verb,host}``.
 A request is counted with plain additions on the event loop, and the families are built when the registry is
 collected (prometheus_client's labelled counters cost microseconds per call, more than a watch event's
 handling). As in client-go, the code of a request that got no answer is ``<error>``, and a watch is timed up to
-its response headers. A client's series leave the exposition when it is closed, so a departed member cluster
-leaves none behind.
+its response headers. A host's series leave the exposition when its last client is closed, so a departed member
+cluster leaves none behind; until then a closed client's counts stay in them, so counters never go down.
 """
 
 from __future__ import annotations
@@ -57,12 +57,34 @@ class _Collector(MetricSet):
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
         self.clients: "weakref.WeakSet[RequestCounts]" = weakref.WeakSet()
+        # What closed clients counted, per host, while another client of that host is open: its series go on
+        # from there instead of falling (which a rate() would read as a reset), and go when the host's last does.
+        self.retired: dict[str, RequestCounts] = {}
         registry.register(self)
+
+    def untrack(self, counts: RequestCounts) -> None:
+        if counts not in self.clients:  # closed twice, or never used
+            return
+        self.clients.discard(counts)
+        others = any(c.host == counts.host for c in self.clients)
+        if not others:
+            self.retired.pop(counts.host, None)
+            return
+        retired = self.retired.get(counts.host)
+        if retired is None:
+            retired = self.retired[counts.host] = RequestCounts(counts.url)
+        for key, n in counts.codes.items():
+            retired.codes[key] = retired.codes.get(key, 0) + n
+        for method, histogram in counts.durations.items():
+            into = retired.durations.setdefault(method, Histogram(_BUCKETS))
+            into.counts = [a + b for a, b in zip(into.counts, histogram.counts)]
+            into.total += histogram.total
 
     def collect(self) -> Iterator[Metric]:
         totals: dict[tuple[str, str, str], int] = {}
         durations: dict[tuple[str, str], list[Histogram]] = {}
-        for counts in list(self.clients):
+        live_hosts = {c.host for c in self.clients}
+        for counts in [*self.clients, *(r for h, r in self.retired.items() if h in live_hosts)]:
             for (code, method), n in counts.codes.items():
                 key = (code, method, counts.host)
                 totals[key] = totals.get(key, 0) + n
@@ -86,5 +108,6 @@ def track(counts: RequestCounts, registry: CollectorRegistry | None = None) -> N
 
 
 def untrack(counts: RequestCounts, registry: CollectorRegistry | None = None) -> None:
-    """Take ``counts`` out of the exposition."""
-    _Collector.for_registry(registry or REGISTRY).clients.discard(counts)
+    """Take ``counts`` out of the exposition (its counts stay in the host's series while that host has another
+    open client)."""
+    _Collector.for_registry(registry or REGISTRY).untrack(counts)

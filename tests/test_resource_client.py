@@ -166,6 +166,13 @@ async def test_requests_are_counted_as_client_go_counts_them(control_plane) -> N
         assert sample("rest_client_requests_total", code="<error>", method="GET", host="127.0.0.1:1") == 1
         await closed.close()  # its series leave with it
         assert sample("rest_client_requests_total", code="<error>", method="GET", host="127.0.0.1:1") == 0
+        # a second client of the same server (a rotated member, say): closing one never makes a counter fall
+        second = ApiClient.from_kubeconfig(str(control_plane.kubeconfig))
+        await second.request("GET", "/version")
+        assert sample("rest_client_requests_total", code="200", method="GET", host=host) == 2
+        await second.close()
+        await second.close()
+        assert sample("rest_client_requests_total", code="200", method="GET", host=host) == 2
     assert sample("rest_client_requests_total", code="200", method="GET", host=host) == 0
 
 
