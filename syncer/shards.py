@@ -70,6 +70,8 @@ GROUP_LABEL = "kube-syncer.io/shard-group"
 ROLE_LABEL = "kube-syncer.io/shard-role"
 UNIT_ANNOTATION = "kube-syncer.io/shard-unit"
 UNITS_ANNOTATION = "kube-syncer.io/shard-units"  # on a member Lease: a digest of the unit set that member sees
+# How RBAC words a refusal ('User "x" cannot create resource "leases" in API group ...'): the verb it names.
+_RBAC_DENIAL = re.compile(r'cannot (\w+) resource "leases"')
 _HANDOVERS = Counter("syncer_shard_handovers_total", "Units this replica handed over (out) or took from a "
                      "release (in).", ["direction"])
 _LOST = Counter("syncer_shard_units_lost_total", "Units this replica stopped because their Lease was not renewed "
@@ -169,7 +171,7 @@ class ShardCoordinator:
         self._member: _Held | None = None
         self._joining = False
         self._join_after = 0.0
-        self._denied: dict[str, str] = {}  # verb -> the last Lease write of it refused (401/403), until one succeeds
+        self._denied = ""  # why the credentials may not write Leases (401, RBAC's 403), until a Lease write succeeds
         self._started_at = float("inf")
         self._seen: dict[str, Observation] = {}  # Lease name -> what this replica saw of it
         self._units: dict[str, _Unit] = {}
@@ -245,18 +247,21 @@ class ShardCoordinator:
             return [{"name": "shard coordinator", "healthy": False,
                      "message": f"cannot list or watch Leases in namespace {self._ns!r}: {describe_error(error)}"}]
         if self._denied:
-            return [{"name": "shard coordinator", "healthy": False, "message": "; ".join(self._denied.values())}]
+            return [{"name": "shard coordinator", "healthy": False, "message": self._denied}]
         return [{"name": "shard coordinator", "healthy": synced or not late,
                  "message": "watching the group's Leases" if synced else
                  f"cannot list Leases in namespace {self._ns!r}: {error or 'no answer yet'}"}]
 
-    def _refused(self, verb: str, e: BaseException | None) -> None:
-        """Note the outcome of a Lease write (``verb``: create or update): a refusal for the credentials (what the
-        health says), or a success (``e`` None), which clears the verb's."""
+    def _refused(self, e: BaseException | None) -> None:
+        """Note the outcome of a Lease write: a refusal for the credentials (401, or RBAC's 403, which names the
+        verb; a quota's or an admission policy's 403 is not about them), or a success (``e`` None), which clears it:
+        any write that goes through shows the credentials work."""
         if e is None:
-            self._denied.pop(verb, None)
-        elif isinstance(e, ApiError) and e.status in (401, 403):
-            self._denied[verb] = f"cannot {verb} Leases in namespace {self._ns!r}: {describe_error(e)}"
+            self._denied = ""
+        elif isinstance(e, ApiError) and (e.status == 401 or e.status == 403 and _RBAC_DENIAL.search(e.message)):
+            found = _RBAC_DENIAL.search(e.message)
+            verb = found.group(1) if found else "write"
+            self._denied = f"cannot {verb} Leases in namespace {self._ns!r}: {describe_error(e)}"
 
     def status(self) -> dict[str, Any]:
         """Members, every known unit (state here, holder seen, assigned member), and handovers in progress."""
@@ -448,12 +453,12 @@ class ShardCoordinator:
                     timeout=self.config.renew_deadline)
         except (ApiError, *CONNECTION_ERRORS) as e:
             self._log.warning("cannot create member Lease {}/{}: {}", self._ns, self._member_lease, describe_error(e))
-            self._refused("create", e)
+            self._refused(e)
             self._join_after = time.monotonic() + self.config.retry_period
             return
         finally:
             self._joining = False
-        self._refused("create", None)
+        self._refused(None)
         fence = RenewFence(self.config.renew_deadline)
         fence.renewed(sent)
         self._member = _Held(obj, fence)
@@ -490,12 +495,12 @@ class ShardCoordinator:
                     held.obj = current  # still ours, a stale resourceVersion: the next round writes over it
                 else:
                     self._log.warning("cannot renew Lease {}: {}", name, e)
-                    self._refused("update", e)
+                    self._refused(e)
                 return
             except CONNECTION_ERRORS as e:
                 self._log.warning("cannot reach the API server to renew Lease {}: {}", name, describe_error(e))
                 return
-            self._refused("update", None)
+            self._refused(None)
             held.obj = obj
             lapsed = not held.fence.valid()
             if unit is None and not held.closed:  # membership goes on, on a fresh view if it had lapsed
@@ -552,12 +557,12 @@ class ShardCoordinator:
             except ApiError as e:
                 if e.status != 409:  # 409: another replica wrote first (or our cache is behind); the watch tells
                     self._log.warning("cannot take Lease {} of unit {}: {}", u.lease, u.name, e)
-                    self._refused("create" if current is None else "update", e)
+                    self._refused(e)
                 return
             except CONNECTION_ERRORS as e:
                 self._log.warning("cannot reach the API server to take unit {}: {}", u.name, describe_error(e))
                 return
-            self._refused("create" if current is None else "update", None)
+            self._refused(None)
             fence = UnitFence(u.name, self.identity, int(obj["spec"].get("leaseTransitions") or 0),
                               self.config.renew_deadline)
             fence.renewed(sent)
