@@ -63,23 +63,25 @@ class StallWatch:
             await asyncio.sleep(_BEAT)
 
     def _watch(self) -> None:
+        # The loop thread reads the stalls (report) while this thread writes them: a stall's dict only ever has
+        # its "seconds" replaced, a single store, never keys added or removed.
         current: dict[str, Any] | None = None
+        stalled_at = 0.0  # the last beat before the stall going on
         while not self._stop.wait(_BEAT):
             beat = self._beat
             late = time.monotonic() - beat
-            if current is not None and current["_beat"] != beat:  # the loop came round again
-                current["seconds"] = round(beat - current["_beat"], 3)
-                del current["_beat"]
+            if current is not None and stalled_at != beat:  # the loop came round again
+                current["seconds"] = round(beat - stalled_at, 3)
                 current = None
             if current is None and late >= self.threshold + _BEAT:
                 frame = sys._current_frames().get(self._loop_thread)
                 stack = traceback.format_stack(frame) if frame is not None else []
-                current = {"at": time.time() - late, "seconds": None, "stack": "".join(stack), "_beat": beat}
+                current, stalled_at = {"at": time.time() - late, "seconds": None, "stack": "".join(stack)}, beat
                 self.stalls.append(current)
 
     def report(self) -> list[dict[str, Any]]:
         """The stalls remembered, newest last; ``seconds`` is None for one still going on."""
-        return [{k: v for k, v in s.items() if not k.startswith("_")} for s in list(self.stalls)]
+        return [dict(s) for s in list(self.stalls)]
 
 
 def task_dump() -> str:

@@ -43,11 +43,17 @@ class StatusServer:
         if self.stall_watch is not None:
             app.router.add_get("/debug/tasks", self._tasks_handler)
             app.router.add_get("/debug/stalls", self._stalls_handler)
-            self.stall_watch.start()
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        try:
+            await site.start()
+        except BaseException:
+            await self._runner.cleanup()
+            self._runner = None
+            raise
+        if self.stall_watch is not None:  # only once serving: a failed start leaves nothing running
+            self.stall_watch.start()
         self._ticker = asyncio.create_task(self._tick(), name="event loop ticker")
 
     async def stop(self) -> None:

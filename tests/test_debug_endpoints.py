@@ -60,3 +60,17 @@ async def test_no_debug_endpoints_unless_enabled() -> None:
                 assert resp.status == 404
     finally:
         await server.stop()
+
+
+async def test_a_failed_start_leaves_no_watchdog_running() -> None:
+    import pytest
+
+    server, url = await serve(debug=False)
+    taken = StatusServer(f"127.0.0.1:{server.port}", lambda: {}, lambda: (True, []), lambda: None, debug=True)
+    try:
+        with pytest.raises(OSError):
+            await taken.start()
+        assert taken.stall_watch is not None and taken.stall_watch._thread is None
+        assert not any(t.get_name() == "debug: event loop heartbeat" for t in asyncio.all_tasks())
+    finally:
+        await server.stop()
