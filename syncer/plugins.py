@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import inspect
 import os
 import sys
 import traceback
@@ -201,8 +200,10 @@ def _hooks(target: Any) -> dict[str, Callable[..., Any]]:
             if callable(hook := getattr(target, name, None))}
 
 
-def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, dict[str, Callable[..., Any]]]]:
-    """(origin, name, hooks by name) of the installed entry-point plugins that ``allowed`` lets in (True: all)."""
+def _entry_point_hooks(allowed: bool | Collection[str], loaded: Mapping[str, str]
+                       ) -> list[tuple[str, str, dict[str, Callable[..., Any]]]]:
+    """(origin, name, hooks by name) of the installed entry-point plugins that ``allowed`` lets in (True: all),
+    except modules already ``loaded`` (source file -> spec)."""
     if allowed is False:
         return []
     installed = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
@@ -221,6 +222,9 @@ def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, 
             target = ep.load()
         except BaseException as e:
             raise PluginError(_describe_import_error(origin, e)) from None
+        if _module_file(target) in loaded:
+            logger.debug("plugin {!r} is {!r} again: loaded once", origin, loaded[_module_file(target) or ""])
+            continue
         found = _hooks(target) if isinstance(target, ModuleType) else {HOOK: target} if callable(target) else {}
         if not found:
             raise PluginError(f"plugin {origin!r} is neither a module with {HOOK}() nor a callable")
@@ -228,27 +232,21 @@ def _entry_point_hooks(allowed: bool | Collection[str]) -> list[tuple[str, str, 
     return hooks
 
 
-def _once_each(hooks: list[tuple[str, str, dict[str, Callable[..., Any]]]]
-               ) -> list[tuple[str, str, dict[str, Callable[..., Any]]]]:
-    """``hooks`` without a plugin listed again (the same spec twice, a file and its dotted path, an entry point of
-    a listed module): a plugin is the source file its hooks come from."""
-    seen: dict[frozenset[str], str] = {}
-    out = []
-    for origin, short, found in hooks:
-        files = frozenset(_source(hook) for hook in found.values())
-        if files in seen:
-            logger.debug("plugin {!r} is {!r} again: loaded once", origin, seen[files])
-            continue
-        seen[files] = origin
-        out.append((origin, short, found))
-    return out
-
-
-def _source(hook: Callable[..., Any]) -> str:
+def _origin(spec: str) -> str | None:
+    """The source file a plugin spec names (a file's real path, a dotted module's origin), found without running
+    the plugin; None when it cannot be told (the import then says why)."""
     try:
-        return os.path.realpath(inspect.getfile(hook))
-    except TypeError:  # a callable object without a source file: only itself is itself
-        return f"<{id(hook)}>"
+        if spec.endswith(".py") or "/" in spec:
+            return os.path.realpath(spec)
+        found = importlib.util.find_spec(spec)
+    except Exception:  # a parent package that fails to import, say: the import reports it
+        return None
+    return os.path.realpath(found.origin) if found is not None and found.origin else None
+
+
+def _module_file(target: Any) -> str | None:
+    path = getattr(target, "__file__", None) if isinstance(target, ModuleType) else None
+    return os.path.realpath(path) if path else None
 
 
 def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, Any]] | None = None,
@@ -262,7 +260,14 @@ def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, A
     """
     settings = plugin_settings or {}
     hooks: list[tuple[str, str, dict[str, Callable[..., Any]]]] = []  # (origin, short name, hooks by name)
+    # A module listed again (the same spec, its file and its dotted path, an entry point of a listed one) is one
+    # plugin, and is not run twice: its module-level state (a metric, a registry) would clash with itself.
+    loaded: dict[str, str] = {}  # source file -> the spec that loaded it
     for spec in specs:
+        origin = _origin(spec)
+        if origin is not None and origin in loaded:
+            logger.debug("plugin {!r} is {!r} again: loaded once", spec, loaded[origin])
+            continue
         try:
             short, module = _import(spec)
         except PluginError:
@@ -272,8 +277,9 @@ def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, A
         found = _hooks(module)
         if not found:
             raise PluginError(f"plugin {spec!r} has no function {HOOK}(settings) returning its controllers")
+        loaded[_module_file(module) or origin or spec] = spec
         hooks.append((spec, short, found))
-    hooks = _once_each(hooks + _entry_point_hooks(entry_points))
+    hooks += _entry_point_hooks(entry_points, loaded)
     names = sorted({short for _, short, _ in hooks})
     for table in sorted(set(settings) - set(names)):
         logger.warning("[plugin_settings.{}] matches no loaded plugin and is ignored; loaded plugins: {}",

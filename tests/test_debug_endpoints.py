@@ -7,6 +7,7 @@ import socket
 import time
 
 import aiohttp
+import pytest
 
 from syncer.http import StatusServer
 
@@ -63,8 +64,6 @@ async def test_no_debug_endpoints_unless_enabled() -> None:
 
 
 async def test_a_failed_start_leaves_no_watchdog_running() -> None:
-    import pytest
-
     server, url = await serve(debug=False)
     taken = StatusServer(f"127.0.0.1:{server.port}", lambda: {}, lambda: (True, []), lambda: None, debug=True)
     try:

@@ -45,6 +45,21 @@ def test_a_plugin_listed_twice_is_loaded_once(monkeypatch) -> None:
         assert list(load_plugins(specs, entry_points=False)) == ["configmap-mirror"], specs
 
 
+def test_a_plugin_listed_twice_runs_once(tmp_path, monkeypatch) -> None:
+    # Its module-level state (a metric, say) must not be made twice.
+    (tmp_path / "once_only.py").write_text(
+        "import os\n"
+        "with open(os.environ['IMPORTS'], 'a') as f:\n    f.write('x')\n"
+        "from controllers import ManagedController\n"
+        "def syncer_controllers(settings):\n    return {'once': ManagedController([], lambda ctx: None)}\n")
+    imports = tmp_path / "imports"
+    monkeypatch.setenv("IMPORTS", str(imports))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = load_plugins(["once_only", str(tmp_path / "once_only.py"), "once_only"], entry_points=False)
+    assert list(found) == ["once"] and imports.read_text() == "x"
+    sys.modules.pop("once_only", None)
+
+
 def master_status(name: str) -> float | None:
     """client-go's leader_election_master_status of the Lease ``name``."""
     return REGISTRY.get_sample_value("leader_election_master_status", {"name": name})
