@@ -10,8 +10,8 @@ The fence is checked before each item, and again by the handler right before use
 cancellation, which the end of the term brings. ``skip(item)`` may name a reason to drop an item unhandled (the
 fleet controller drops requests of a cluster that has left instead of retrying them forever).
 
-A failure is logged with its traceback once per item and distinct error (type, message, where it was raised);
-the same failure again is one line with its count, as controller-runtime's rate-limited logging keeps a
+A failure is logged with its traceback, unless it is the same (type, message, where it was raised) as the
+item's previous attempt's: then it is one line with the count of such attempts in a row, as controller-runtime's rate-limited logging keeps a
 reconcile that fails on every retry from filling the log with the same traceback.
 """
 

@@ -678,7 +678,8 @@ class _Origins:
 def _service_links() -> frozenset[str]:
     """The ``SYNCER_*`` variables that Kubernetes set for a Service, not the user for a setting."""
     own = {env_var(name) for name in _CHECKS}
-    found = frozenset(k for k in os.environ if k not in own and _SERVICE_LINK.fullmatch(k))
+    # A "__" is a table's key (SYNCER_PLUGIN_SETTINGS__WIDGET__PORT), never a Service's name.
+    found = frozenset(k for k in os.environ if k not in own and "__" not in k and _SERVICE_LINK.fullmatch(k))
     for name in sorted(found):
         logger.debug("ignoring environment variable {}: a Service's link variable, not a setting", name)
     return found

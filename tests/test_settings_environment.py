@@ -39,6 +39,10 @@ def test_service_link_variables_are_not_settings(monkeypatch: pytest.MonkeyPatch
         logger.remove(sink)
     assert settings.include == ("core/configmaps", "core/namespaces") and settings.workers == 3
     assert sorted(n for n in SERVICE_LINKS if any(f"variable {n}:" in line for line in lines)) == sorted(SERVICE_LINKS)
+    # a table's key that looks like a link is a setting
+    monkeypatch.setenv("SYNCER_PLUGIN_SETTINGS__WIDGET__SERVICE_PORT", "8443")
+    widget = load_settings(settings_file).plugin_settings["widget"]
+    assert {k.lower(): v for k, v in widget.items()} == {"service_port": 8443}
     # a real setting's variable is still one, and a near miss is still a mistake
     monkeypatch.setenv("SYNCER_WORKERS", "5")
     assert load_settings(settings_file).workers == 5
