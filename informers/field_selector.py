@@ -45,15 +45,14 @@ class FieldSelector:
         for term in _split(text or "", ","):
             if not term.strip():
                 raise SelectorError(f"field selector {text!r}: an empty term")
-            for op in ("!=", "==", "="):
-                key, sep, value = _partition(term, op)
-                if sep:
-                    break
-            else:
+            key, op, value = _operator(term)
+            if not op:
                 raise SelectorError(f"field selector {text!r}: term {term!r} is not field=value or field!=value")
             key = key.strip()
-            if not key or not all(part and (part[0].isalpha()) for part in key.split(".")):
+            if not key or not all(part and part[0].isalpha() and "\\" not in part for part in key.split(".")):
                 raise SelectorError(f"field selector {text!r}: {key!r} is not a field path such as spec.nodeName")
+            if _operator(value)[1]:
+                raise SelectorError(f"field selector {text!r}: value {value!r} has an unescaped '=' (write \\=)")
             requirements.append(FieldRequirement(key, "!=" if op == "!=" else "=", _unescape(value)))
         return cls(tuple(requirements))
 
@@ -83,19 +82,20 @@ def _split(text: str, sep: str) -> list[str]:
         else:
             current += ch
     if escaped:
-        current += "\\"
+        raise SelectorError(f"field selector {text!r}: it ends in a lone backslash")
     return [*parts, current] if text else []
 
 
-def _partition(term: str, op: str) -> tuple[str, str, str]:
-    """``term.partition(op)`` at the first unescaped ``op``."""
+def _operator(term: str) -> tuple[str, str, str]:
+    """``term`` split at its first unescaped operator (``!=``, ``==`` or ``=``): key, operator, value."""
     i = 0
     while i < len(term):
         if term[i] == "\\":
             i += 2
             continue
-        if term.startswith(op, i):
-            return term[:i], op, term[i + len(op):]
+        for op in ("!=", "==", "="):
+            if term.startswith(op, i):
+                return term[:i], op, term[i + len(op):]
         i += 1
     return term, "", ""
 

@@ -145,6 +145,7 @@ def test_field_selectors_parse_and_match_as_the_server_reads_them():
     assert escaped.matches({"metadata": {"name": "a,b=c"}}) and str(escaped) == r"metadata.name=a\,b\=c"
     assert FieldSelector.parse("").matches({}) and not FieldSelector.parse("")
     for bad, why in [("name", "is not field=value"), ("a=1,", "an empty term"), ("=v", "is not a field path"),
-                     (r"a=\x", "invalid escape")]:
+                     (r"a=\x", "invalid escape"), ("spec.nodeName=a=b", "unescaped '='"),
+                     ("a=b!=c", "unescaped '='"), ("a=b\\", "lone backslash")]:
         with pytest.raises(SelectorError, match=why):
             FieldSelector.parse(bad)
