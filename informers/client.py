@@ -1,8 +1,9 @@
-"""ApiClient: an asyncio HTTP client for the Kubernetes API, configured by the ``kubernetes`` package.
+"""ApiClient: an asyncio HTTP client for the Kubernetes API, configured as the ``kubernetes`` package configures its own.
 
 Configuration (kubeconfig with context selection, in-cluster service account, token credentials and their
-refresh, client certificates, CA) is read by ``kubernetes.config``; exec credential plugins are run by
-``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through one aiohttp session.
+refresh, client certificates, CA) is read as ``kubernetes.config`` reads it: by ``kubeconfig.py`` in the common
+cases, without importing the package (~30 MiB), and by the package itself for the rest (auth providers, say);
+exec credential plugins are run by ``credentials.ExecPlugin`` either way (asynchronously, with a timeout). Requests go through one aiohttp session.
 Responses are decoded once with orjson into plain dicts. Every request says ``User-Agent: kube-syncer/<version>
 (<os>/<arch>)``, client-go's form: the apiserver names a write without ``fieldManager`` after the part before the
 first "/", so such writes are managed by "kube-syncer" (aiohttp's own agent would make them "Python").
@@ -18,14 +19,15 @@ import ssl
 import sys
 import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Union
 
 import aiohttp
-import kubernetes
 import orjson
 
-from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate, load_kubeconfig
+from . import kubeconfig
+from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate
 from .errors import ApiError, FenceError
+from .kubeconfig import ClientConfig
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
 
 _JSON = "application/json"
@@ -33,6 +35,11 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REFRESH_EVERY = 5.0
 # Failures below HTTP: the server was not reached, or the connection broke.
 CONNECTION_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+if TYPE_CHECKING:
+    import kubernetes
+
+# What ApiClient is configured with: either object has the settings it reads.
+Configuration = Union[ClientConfig, "kubernetes.client.Configuration"]
 _GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386", "ppc64le": "ppc64le",
             "s390x": "s390x"}
 
@@ -56,7 +63,7 @@ class ApiClient:
     Use as an async context manager or call ``close()``: it owns the HTTP session and its connections.
     """
 
-    def __init__(self, configuration: kubernetes.client.Configuration, connect_timeout: float = 10.0,
+    def __init__(self, configuration: Configuration, connect_timeout: float = 10.0,
                  exec_plugin: ExecPlugin | None = None, *, ca_data: str | None = None,
                  client_cert_data: str | None = None, client_key_data: str | None = None,
                  tls_server_name: str | None = None, user_agent: str = USER_AGENT) -> None:
@@ -95,20 +102,18 @@ class ApiClient:
         at most ``exec_timeout`` seconds (``client.exec_plugin.timeout`` changes it later), and a plugin that
         fails or hangs raises ``CredentialError`` there instead of leaving the client anonymous or hung.
         """
-        config = kubernetes.client.Configuration()
-        plugin = load_kubeconfig(config, path, context, exec_timeout)
-        return cls(config, exec_plugin=plugin)
+        loaded = kubeconfig.load(path, context, exec_timeout)
+        return cls(loaded.configuration, exec_plugin=loaded.exec_plugin, ca_data=loaded.ca_data,
+                   client_cert_data=loaded.client_cert_data, client_key_data=loaded.client_key_data)
 
     @classmethod
     def in_cluster(cls) -> "ApiClient":
         """Client using the pod's service account (token re-read when it rotates)."""
-        config = kubernetes.client.Configuration()
-        kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
-        return cls(config)
+        return cls(kubeconfig.in_cluster())
 
     @classmethod
-    def from_configuration(cls, configuration: kubernetes.client.Configuration) -> "ApiClient":
-        """Client for an already loaded ``kubernetes.client.Configuration``."""
+    def from_configuration(cls, configuration: Configuration) -> "ApiClient":
+        """Client for an already loaded ``kubernetes.client.Configuration`` (or a ``ClientConfig``)."""
         return cls(configuration)
 
     # -- session -----------------------------------------------------------------------------------------

@@ -27,9 +27,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kubernetes.config import ConfigException
-from kubernetes.config.kube_config import ConfigNode, KubeConfigLoader, KubeConfigMerger
-
 API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
 DEFAULT_TIMEOUT = 30.0
 # A credential is renewed this long before its expirationTimestamp: a request started just before expiry would
@@ -162,12 +159,12 @@ class ExecPlugin:
         """
         command, api_version = config.get("command"), config.get("apiVersion")
         if not isinstance(command, str) or not command:
-            raise ConfigException(f"kubeconfig user {user!r}: exec has no command")
+            raise config_error(f"kubeconfig user {user!r}: exec has no command")
         if api_version not in API_VERSIONS:
-            raise ConfigException(f"kubeconfig user {user!r}: exec apiVersion {api_version!r} is not supported "
+            raise config_error(f"kubeconfig user {user!r}: exec apiVersion {api_version!r} is not supported "
                                   f"(supported: {', '.join(API_VERSIONS)})")
         if config.get("interactiveMode") == "Always":
-            raise ConfigException(f"kubeconfig user {user!r}: exec interactiveMode Always needs a terminal, and "
+            raise config_error(f"kubeconfig user {user!r}: exec interactiveMode Always needs a terminal, and "
                                   "credentials are fetched without one")
         self.user = user
         self.command = command
@@ -316,6 +313,14 @@ def _last_line(stderr: bytes) -> str:
     return lines[-1].strip()[:_MAX_STDERR_LINE] if lines else ""
 
 
+def config_error(message: str) -> Exception:
+    """``kubernetes.config.ConfigException(message)``: what the package's loaders raise and callers catch; the
+    package is imported only now (see ``kubeconfig.py``)."""
+    from kubernetes.config import ConfigException
+
+    return ConfigException(message)
+
+
 def load_kubeconfig(configuration: Any, path: str | None = None, context: str | None = None,
                     timeout: float = DEFAULT_TIMEOUT) -> ExecPlugin | None:
     """Fill ``configuration`` like ``kubernetes.config.load_kube_config``, but return the user's exec plugin unrun.
@@ -326,11 +331,13 @@ def load_kubeconfig(configuration: Any, path: str | None = None, context: str | 
     ``username``/``password``, which the package only falls back to when the plugin fails; an ``ExecPlugin`` is
     returned instead. Nothing here runs a process, so loading never blocks on a plugin.
     """
+    from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
+
     # $KUBECONFIG as it is now: the package's KUBE_CONFIG_DEFAULT_LOCATION froze it when it was imported.
     merger = KubeConfigMerger(path or os.environ.get("KUBECONFIG", "~/.kube/config"))  # type: ignore[no-untyped-call]
     merged = merger.config
     if merged is None:
-        raise ConfigException("Invalid kube-config file. No configuration found.")
+        raise config_error("Invalid kube-config file. No configuration found.")
     loader = KubeConfigLoader(merged, active_context=context, config_base_path=None,  # type: ignore[no-untyped-call]
                               config_persister=merger.save_changes)
     plugin = _take_exec(merged, loader.current_context, timeout)
@@ -344,6 +351,8 @@ def load_kubeconfig(configuration: Any, path: str | None = None, context: str | 
 
 def _take_exec(merged: Any, current: Mapping[str, Any], timeout: float) -> ExecPlugin | None:
     """The ExecPlugin for the context's user, whose entry in ``merged`` is replaced by one without ``exec``."""
+    from kubernetes.config.kube_config import ConfigNode
+
     name = current["context"].get("user")
     users = merged.value.get("users") or []
     entry = next((u for u in users if u["name"] == name), None)

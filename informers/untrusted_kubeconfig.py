@@ -34,14 +34,11 @@ import ssl
 import urllib.parse
 from typing import Any, Collection, TypeVar
 
-import kubernetes
 import yaml
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
 
 from .client import ApiClient
 from .credentials import API_VERSIONS, DEFAULT_TIMEOUT, ExecPlugin, _cluster_info
+from .kubeconfig import ClientConfig
 
 _T = TypeVar("_T")
 _KINDS: dict[type, str] = {str: "a string", bool: "true or false", list: "a list", dict: "a mapping"}
@@ -158,8 +155,7 @@ def _client(data: bytes | str, allowed_exec_commands: frozenset[str], context: s
     if len(methods) > 1:
         raise KubeconfigInvalid(source, user.path, f"has more than one way to authenticate ({', '.join(methods)})")
 
-    config = kubernetes.client.Configuration()
-    config.host = server
+    config = ClientConfig(server)
     config.verify_ssl = not insecure
     if token is not None:
         config.api_key = {"authorization": f"Bearer {token}"}
@@ -266,7 +262,12 @@ def _check_key_pair(user: _Entry, cert_pem: str, key_pem: str) -> None:
     """Refuse a client certificate and key that ``ssl`` would fail on, without writing them to a file to ask it.
 
     An encrypted key is refused here: ``ssl`` would ask for its passphrase on the terminal, blocking the event loop.
+    ``cryptography`` (~15 MiB) is imported only now, for a kubeconfig that has a client certificate.
     """
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
     try:
         public = x509.load_pem_x509_certificates(cert_pem.encode())[0].public_key()
     except (ValueError, UnsupportedAlgorithm):

@@ -21,13 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import aiohttp
-import kubernetes
-from kubernetes.config.config_exception import ConfigException
 from loguru import logger
 
 from controllers.cluster import display_name
 from informers import GVR, ApiClient, ApiError, CredentialError, DiscoveryClient, ResourceFilter
+from informers.client import CONNECTION_ERRORS
 from informers.discovery import not_served
 
 from .logs import logs_after, setup_logging
@@ -76,6 +74,8 @@ def _client(settings: Settings) -> ApiClient:
             return ApiClient.in_cluster()
         return ApiClient.from_kubeconfig(settings.kubeconfig or None, settings.context or None)
     except Exception as e:  # the loader raises anything from ConfigException to TypeError on a bad file
+        from kubernetes.config.config_exception import ConfigException  # this error path only
+
         contexts = _contexts(settings.kubeconfig) if settings.context and not settings.in_cluster else None
         if contexts is not None and settings.context not in contexts:
             raise UsageError(f"{where} has no context {settings.context!r} (it has: {', '.join(contexts) or 'none'});"
@@ -86,6 +86,8 @@ def _client(settings: Settings) -> ApiClient:
 
 def _contexts(kubeconfig: str) -> list[str] | None:
     """The context names of a kubeconfig (default: $KUBECONFIG or ~/.kube/config); None if it cannot be read."""
+    import kubernetes
+
     try:
         contexts, _ = kubernetes.config.list_kube_config_contexts(kubeconfig or None)  # type: ignore[no-untyped-call]
         return [str(c["name"]) for c in contexts]
@@ -183,6 +185,8 @@ def _stop_planes(planes: Sequence[Any]) -> None:
 
 def _register_members(management: Any, workloads: Sequence[Any]) -> None:
     """Make each workload plane a member: a kubeconfig Secret ``cluster-<i>`` on the management plane."""
+    import kubernetes
+
     k = kubernetes.client
     with kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
             str(management.kubeconfig), context="admin") as api:
@@ -196,6 +200,8 @@ def _register_members(management: Any, workloads: Sequence[Any]) -> None:
 
 def _install_shipped_crds(management: Any) -> None:
     """The CRDs the project ships (deploy/crds: the cached resources'), on a fresh local plane."""
+    import kubernetes
+
     from .builtin.cached_resources.root import CRDS
 
     with kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
@@ -248,6 +254,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 1
     try:
         if planes:
+            import kubernetes  # the local planes are set up with the package's client
+
             try:
                 settings = _use_local_planes(settings, planes)
             except kubernetes.client.ApiException as e:  # a fresh plane refusing this is our bug, not the user's
@@ -358,7 +366,7 @@ def _discover(client: ApiClient) -> list[Any]:
         raise Unreachable(f"discovery failed at {client.host}: {e}") from None
     except CredentialError as e:
         raise UsageError(f"{e}; check the 'kubeconfig' / 'context' settings") from None
-    except (OSError, aiohttp.ClientError) as e:
+    except CONNECTION_ERRORS as e:
         raise Unreachable(f"cannot reach the API server {client.host}: {e}") from None
 
 
