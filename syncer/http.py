@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from .debug import StallWatch, task_dump
+if TYPE_CHECKING:
+    from .debug import StallWatch  # imported only with debug on
 
 # The event loop is considered stuck when a ticker is this late.
 _LOOP_STALL = 5.0
@@ -25,7 +26,11 @@ class StatusServer:
                  health: Callable[[], tuple[bool, list[dict[str, Any]]]],
                  not_ready: Callable[[], str | None], debug: bool = False) -> None:
         host, _, port = bind.rpartition(":")
-        self.stall_watch = StallWatch() if debug else None
+        self.stall_watch: StallWatch | None = None
+        if debug:
+            from .debug import StallWatch
+
+            self.stall_watch = StallWatch()
         self.host, self.port = host, int(port)
         self._status, self._health, self._not_ready = status, health, not_ready
         self._runner: web.AppRunner | None = None
@@ -94,6 +99,8 @@ class StatusServer:
         return _json(self._status(), 200)
 
     async def _tasks_handler(self, request: web.Request) -> web.Response:
+        from .debug import task_dump
+
         return web.Response(text=task_dump())
 
     async def _stalls_handler(self, request: web.Request) -> web.Response:

@@ -23,10 +23,7 @@ holds, read when the metrics are collected.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import time
-import uuid
 import weakref
 from typing import Iterator
 
@@ -39,14 +36,8 @@ from informers.client import CONNECTION_ERRORS
 from informers.errors import describe_error
 from informers.metrics import MetricSet
 
-from .lease import LEASES_PATH, Observation, RenewFence, holder_spec, lease_body, released_spec
+from .lease import LEASES_PATH, Observation, RenewFence, default_identity, holder_spec, lease_body, released_spec
 from .settings import LeaderElection
-
-
-def default_identity() -> str:
-    """``<pod name>_<uuid>`` (``$POD_NAME``, set by the Deployment from the downward API; the host name outside a
-    pod): unique per process, and ``kubectl get lease`` shows which pod leads."""
-    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4()}"
 
 
 class _TermFence:

@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+def default_identity() -> str:
+    """``<pod name>_<uuid>`` (``$POD_NAME``, set by the Deployment from the downward API; the host name outside a
+    pod): unique per process, and ``kubectl get lease`` shows which pod leads."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4()}"
 
 
 def now_micro() -> str:

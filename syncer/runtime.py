@@ -38,9 +38,8 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-import tenacity
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -58,15 +57,18 @@ from informers.client import CONNECTION_ERRORS
 from informers.errors import describe_error
 from informers.wait import wait_first
 
-from .http import StatusServer
-from .leader import LeaderElector, default_identity
+from .lease import default_identity
 from .plugins import Plugins
 from .runnables import Runnables, Stores
 from .settings import Settings
-from .shard_units import ClusterUnits, ControllerUnits
-from .shards import ShardCoordinator
-from .webhook.certificates import CertificateError
-from .webhook.service import WebhookService
+
+if TYPE_CHECKING:
+    # Imported where their mode starts (election on, webhooks declared, sharding on, the server started): a
+    # process that runs none of them does not pay for them (bench/RESULTS-imports.md).
+    from .leader import LeaderElector
+    from .shard_units import ClusterUnits, ControllerUnits
+    from .shards import ShardCoordinator
+    from .webhook.service import WebhookService
 
 _LEADER = Gauge("syncer_is_leader", "1 while this replica holds the lease (or election is off).")
 _LEADERSHIPS = Counter("syncer_leadership_acquired_total", "Times this replica became leader.")
@@ -108,14 +110,20 @@ class Syncer:
         self.ready = False
         self.factory: DiscoveringDynamicSharedInformerFactory | None = None
         self.manager: ControllerManager | None = None
-        self.elector = (LeaderElector(client, settings.leader_election, self.identity)
-                        if settings.leader_election.enabled else None)
+        self.elector: LeaderElector | None = None
+        if settings.leader_election.enabled:
+            from .leader import LeaderElector
+
+            self.elector = LeaderElector(client, settings.leader_election, self.identity)
         self.supervisor = Supervisor("syncer")
         self.stores = Stores(plugins.stores, settings.start_timeout)
         self.runnables = Runnables(plugins.runnables)
-        self.webhooks = (WebhookService(settings.webhooks, plugins.webhooks, client, self.identity, self.supervisor,
-                                        plugins.conversions)
-                         if plugins.webhooks or plugins.conversions else None)
+        self.webhooks: WebhookService | None = None
+        if plugins.webhooks or plugins.conversions:
+            from .webhook.service import WebhookService
+
+            self.webhooks = WebhookService(settings.webhooks, plugins.webhooks, client, self.identity,
+                                           self.supervisor, plugins.conversions)
         self.fleet = plugins.fleet
         self.components = plugins.components
         self.registry: ClusterRegistry | None = None
@@ -127,6 +135,8 @@ class Syncer:
                            ", ".join(fleet_level))
         self.shards: ShardCoordinator | None = None
         self.unit_controllers: ControllerUnits | None = None
+        from .http import StatusServer  # aiohttp's server, which the library parts never need
+
         self.http = StatusServer(settings.http_bind, self.status, self.health, self.not_ready,
                                  debug=settings.debug_endpoints)
         self._leading = False
@@ -246,6 +256,8 @@ class Syncer:
                                    f"shutdown; exiting without waiting for them ({self._kept_at_exit()})")
 
     async def _start_webhooks(self) -> None:
+        from .webhook.certificates import CertificateError
+
         assert self.webhooks is not None
         try:
             await self.webhooks.start()
@@ -256,6 +268,8 @@ class Syncer:
             raise StartupError(str(e)) from None
 
     async def _connect(self) -> None:
+        import tenacity
+
         async for attempt in tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(_CONNECT_ERRORS),
             wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=30),
@@ -389,6 +403,9 @@ class Syncer:
     async def _start_shards(self, stop: asyncio.Event) -> None:
         """Join the shard group: from now on this replica runs the units (controllers, or member clusters with
         theirs) the group assigns it, each under its own Lease."""
+        from .shard_units import ClusterUnits, ControllerUnits
+        from .shards import ShardCoordinator
+
         assert self.factory is not None
         s = self.settings
         units: ClusterUnits | ControllerUnits

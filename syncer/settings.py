@@ -25,7 +25,6 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from dynaconf import Dynaconf
 from loguru import logger
 
 from controllers.cluster_registry import DEFAULT_LABEL_SELECTORS, DEFAULT_SECRET_TYPES
@@ -688,6 +687,8 @@ def _service_links() -> frozenset[str]:
 def _read(path: str | None, ignored: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The raw settings of the file with the environment's over them, by (dotted) setting name, without the
     ``ignored`` variables."""
+    from dynaconf import Dynaconf  # only reading settings needs it (~5 MiB): not a Settings() made in code
+
     file_keys = {_setting_name(k) for k in _flatten(_read_toml(path))} if path is not None else set()
     try:
         raw = Dynaconf(envvar_prefix=ENV_PREFIX, settings_files=[path] if path else [], environments=False,
