@@ -122,27 +122,16 @@ def fleet_child(kubeconfig: str) -> None:
 
 
 async def _fleet(kubeconfig: str, s: Any) -> None:
-    from prometheus_client import CollectorRegistry
-
     from controllers import Controller, ManagedController
-    from controllers.cluster import display_name
     from controllers.cluster_controllers import ClusterControllers
-    from controllers.cluster_registry import ClusterRegistry, RegistryOptions
-    from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceFilter
+    from controllers.cluster_registry import ClusterRegistry
+    from informers import GVR, ApiClient
     from syncer.logs import setup_logging
-    from syncer.runtime import small_tls_read_buffers
+    from syncer.runtime import member_factory, registry_options, small_tls_read_buffers
 
     setup_logging("WARNING", s.log_format)
     small_tls_read_buffers()
     configmaps = GVR("", "v1", "configmaps")
-
-    def member_factory(client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
-        # As Syncer._member_factory builds it from the settings.
-        return DiscoveringDynamicSharedInformerFactory(
-            client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
-            namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            check_permissions=s.check_permissions, watch=s.clusters.watch, name=f"discovery {display_name(name)}",
-            metrics_registry=CollectorRegistry())
 
     def create(ctx: Any) -> Any:
         async def reconcile(req: Any) -> None:
@@ -150,13 +139,10 @@ async def _fleet(kubeconfig: str, s: Any) -> None:
         return Controller("bench", reconcile, workers=ctx.workers).for_(configmaps).run
 
     controllers = {"bench": ManagedController([configmaps], create)}
-    c = s.clusters
     api = ApiClient.from_kubeconfig(kubeconfig)
-    registry = ClusterRegistry(
-        api, RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors, secret_types=c.secret_types,
-                             include_local=c.include_local, allowed_exec_commands=c.allowed_exec_commands,
-                             sync_timeout=c.sync_timeout),
-        required={configmaps}, make_factory=member_factory)
+    # As Syncer._lead_fleet sets them up (without the management plane's own discovering factory).
+    registry = ClusterRegistry(api, registry_options(s), required={configmaps},
+                               make_factory=lambda client, name: member_factory(s, client, name))
     per_cluster = ClusterControllers(controllers, name="bench", workers=s.workers, resync_period=s.resync or None,
                                      start_timeout=s.start_timeout)
     await registry.register_cluster_handler(per_cluster)

@@ -14,6 +14,7 @@ from .field_selector import FieldSelector
 from .frozen import FrozenDict, FrozenList, ReadOnlyError, deep_copy
 from .gvr import GVR
 from .gvr_listeners import GVRHandler
+from .kubeconfig import ClientConfig
 from .object_shard import ObjectShard
 from .lister import Lister
 from .mapper import NoMatchError, RESTMapper
@@ -37,7 +38,7 @@ from .untrusted_kubeconfig import (
 from .wait import wait_first
 
 __all__ = [
-    "ApiClient", "ApiError", "Backoff", "DeletedFinalStateUnknown", "DiscoveringDynamicSharedInformerFactory",
+    "ApiClient", "ApiError", "Backoff", "ClientConfig", "DeletedFinalStateUnknown", "DiscoveringDynamicSharedInformerFactory",
     "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout", "FieldSelector",
     "DiscoveryClient", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
     "FenceError", "FuncHandler", "GVR", "GVRHandler", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",

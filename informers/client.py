@@ -1,9 +1,9 @@
-"""ApiClient: an asyncio HTTP client for the Kubernetes API, configured as the ``kubernetes`` package configures its own.
+"""ApiClient: an asyncio HTTP client for the Kubernetes API, configured as the ``kubernetes`` package does it.
 
 Configuration (kubeconfig with context selection, in-cluster service account, token credentials and their
-refresh, client certificates, CA) is read as ``kubernetes.config`` reads it: by ``kubeconfig.py`` in the common
-cases, without importing the package (~30 MiB), and by the package itself for the rest (auth providers, say);
-exec credential plugins are run by ``credentials.ExecPlugin`` either way (asynchronously, with a timeout). Requests go through one aiohttp session.
+refresh, client certificates, CA) is read as ``kubernetes.config`` reads it (``kubeconfig.py``: without importing
+the package in the common cases, by the package for the rest); exec credential plugins are run by
+``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through one aiohttp session.
 Responses are decoded once with orjson into plain dicts. Every request says ``User-Agent: kube-syncer/<version>
 (<os>/<arch>)``, client-go's form: the apiserver names a write without ``fieldManager`` after the part before the
 first "/", so such writes are managed by "kube-syncer" (aiohttp's own agent would make them "Python").
@@ -27,19 +27,19 @@ import orjson
 from . import kubeconfig
 from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate
 from .errors import ApiError, FenceError
-from .kubeconfig import ClientConfig
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
+
+if TYPE_CHECKING:
+    import kubernetes
+
+# What ApiClient is configured with: either has the settings it reads.
+Configuration = Union[kubeconfig.ClientConfig, "kubernetes.client.Configuration"]
 
 _JSON = "application/json"
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REFRESH_EVERY = 5.0
 # Failures below HTTP: the server was not reached, or the connection broke.
 CONNECTION_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
-if TYPE_CHECKING:
-    import kubernetes
-
-# What ApiClient is configured with: either object has the settings it reads.
-Configuration = Union[ClientConfig, "kubernetes.client.Configuration"]
 _GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386", "ppc64le": "ppc64le",
             "s390x": "s390x"}
 

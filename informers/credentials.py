@@ -9,6 +9,8 @@ anonymous user). When the caller dies, the plugin and its children keep running.
 tokens, auth providers, client certificates, CA, insecure-skip-tls-verify) and hands the chosen user's ``exec``
 section to an ``ExecPlugin`` instead, which runs the plugin on the first request that needs a credential, under a
 timeout, and raises a ``CredentialError`` naming the command and the kubeconfig user when it fails or hangs.
+``ApiClient.from_kubeconfig`` calls it only for what ``kubeconfig.py`` does not load itself (the package is imported
+then, and not before).
 """
 
 from __future__ import annotations

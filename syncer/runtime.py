@@ -291,8 +291,8 @@ class Syncer:
 
     async def _discover(self) -> None:
         s = self.settings
-        self.factory = self._factory(self.client, supervisor=self.supervisor,
-                                     watch=s.clusters.watch if s.clusters.enabled else s.watch)
+        self.factory = discovering_factory(s, self.client, supervisor=self.supervisor,
+                                           watch=s.clusters.watch if s.clusters.enabled else s.watch)
         try:
             await self.factory.start()
         except DiscoveryForbidden as e:
@@ -383,7 +383,8 @@ class Syncer:
         required = {g for spec in self.controllers.values() for g in spec.required_gvrs}
         required |= {spec.gvr for spec in self.fleet.values()}
         registry = self.registry = ClusterRegistry(
-            self.client, self._registry_options(), required=required, make_factory=self._member_factory,
+            self.client, registry_options(self.settings), required=required,
+            make_factory=partial(member_factory, self.settings),
             local_factory=self.factory, fence=fence, supervisor=self.supervisor)
         self.cluster_controllers = ClusterControllers(
             self.controllers, name=self.identity, fence=fence, workers=self.settings.workers,
@@ -411,9 +412,9 @@ class Syncer:
         units: ClusterUnits | ControllerUnits
         if s.sharding.unit_kind(s.clusters.enabled) == "clusters":
             self.registry = ClusterRegistry(
-                self.client, self._registry_options(),
+                self.client, registry_options(s),
                 required={g for spec in self.controllers.values() for g in spec.required_gvrs},
-                make_factory=self._member_factory, local_factory=self.factory, supervisor=self.supervisor,
+                make_factory=partial(member_factory, s), local_factory=self.factory, supervisor=self.supervisor,
                 gate=lambda name: self.shards.fence_for(name) if self.shards is not None else None)
             self.cluster_controllers = ClusterControllers(
                 self.controllers, name=self.identity, workers=s.workers, resync_period=s.resync or None,
@@ -461,29 +462,6 @@ class Syncer:
                 self._stuck += [f"controller {n}" for n in await self.cluster_controllers.stop()]
                 self.cluster_controllers = None
 
-    def _registry_options(self) -> RegistryOptions:
-        """The cluster registry's options, from ``[clusters]``."""
-        c = self.settings.clusters
-        return RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
-                               secret_types=c.secret_types, include_local=c.include_local,
-                               allowed_exec_commands=c.allowed_exec_commands, sync_timeout=c.sync_timeout)
-
-    def _member_factory(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
-        # A private metrics registry per member: informer series carry no cluster label, and two clusters'
-        # informers of one GVR would overwrite (and on stopping, remove) each other's.
-        return self._factory(client, watch=self.settings.clusters.watch, name=f"discovery {display_name(name)}",
-                             metrics_registry=CollectorRegistry())
-
-    def _factory(self, client: ApiClient, **kwargs: Any) -> DiscoveringDynamicSharedInformerFactory:
-        """A discovering factory over ``client`` with the settings' filter, namespace, passes and field
-        selectors (the local cluster's and every member's alike)."""
-        s = self.settings
-        return DiscoveringDynamicSharedInformerFactory(
-            client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
-            namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            check_permissions=s.check_permissions,
-            field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, **kwargs)
-
     async def _end_term(self) -> list[str]:
         """Stop the term's controllers and runnables together; the names of those still running."""
         self._leading = False
@@ -529,6 +507,34 @@ class Syncer:
             await self.factory.shutdown()
         await self.client.close()
         self._log.info("stopped")
+
+
+def registry_options(settings: Settings) -> RegistryOptions:
+    """The cluster registry's options, from ``[clusters]``."""
+    c = settings.clusters
+    return RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors, secret_types=c.secret_types,
+                           include_local=c.include_local, allowed_exec_commands=c.allowed_exec_commands,
+                           sync_timeout=c.sync_timeout)
+
+
+def member_factory(settings: Settings, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
+    """The discovering factory of member cluster ``name`` (multi-cluster mode)."""
+    # A private metrics registry per member: informer series carry no cluster label, and two clusters'
+    # informers of one GVR would overwrite (and on stopping, remove) each other's.
+    return discovering_factory(settings, client, watch=settings.clusters.watch,
+                               name=f"discovery {display_name(name)}", metrics_registry=CollectorRegistry())
+
+
+def discovering_factory(settings: Settings, client: ApiClient,
+                        **kwargs: Any) -> DiscoveringDynamicSharedInformerFactory:
+    """A discovering factory over ``client`` with the settings' filter, namespace, passes and field selectors (the
+    local cluster's and every member's alike)."""
+    s = settings
+    return DiscoveringDynamicSharedInformerFactory(
+        client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
+        namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
+        check_permissions=s.check_permissions,
+        field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, **kwargs)
 
 
 def sharding_refusal(settings: Settings, plugins: Any) -> str | None:
