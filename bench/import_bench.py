@@ -13,7 +13,9 @@
        them up with default settings (``syncer.cli.event_loop``'s loop, ``small_tls_read_buffers()``, logging as
        ``syncer run``), run until the registry has synced; its RSS is read 1 s later. The budget applies to it.
    (b) ``syncer run``: ``python -m syncer run --kubeconfig <plane>`` with default settings (no plugins, election
-       off, the HTTP server on a free port); its RSS is read from outside 1 s after ``/readyz`` answers 200.
+       off, ``watch = "all"``: an informer on every served GVR; the HTTP server on a free port); its RSS is read
+       from outside 1 s after ``/readyz`` answers 200.
+   (c) the same with ``watch = "required"`` (no plugin requires anything: no informers), the start-up alone.
    Medians over ``--repeat`` fresh processes.
 
 The script exits with 1 when (a) is over ``--budget`` MiB.
@@ -173,11 +175,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_syncer(kubeconfig: str) -> dict[str, Any]:
+def run_syncer(kubeconfig: str, **settings: str) -> dict[str, Any]:
     port = _free_port()
     with tempfile.TemporaryDirectory() as empty:  # no settings file and no plugins: every default
         proc = subprocess.Popen([PY, "-m", "syncer", "run", "--kubeconfig", kubeconfig], cwd=empty,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), "SYNCER_HTTP_BIND": f"127.0.0.1:{port}"},
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "SYNCER_HTTP_BIND": f"127.0.0.1:{port}",
+                                     **{f"SYNCER_{k.upper()}": v for k, v in settings.items()}},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 60
@@ -220,15 +223,19 @@ def main() -> None:
         kubeconfig = str(cp.kubeconfig)
         fleet = [run_fleet(kubeconfig) for _ in range(args.repeat)]
         sidecar = [run_syncer(kubeconfig) for _ in range(args.repeat)]
+        bare = [run_syncer(kubeconfig, watch="required") for _ in range(args.repeat)]
     fleet_rss = statistics.median(r["rss"] for r in fleet)
     syncer_rss = statistics.median(r["rss"] for r in sidecar)
+    bare_rss = statistics.median(r["rss"] for r in bare)
     within = fleet_rss <= args.budget * 2**20
     print(f"(a) fleet process, 0 members: {_mib(fleet_rss)} MiB (runs: {', '.join(_mib(r['rss']) for r in fleet)}); "
           f"imported: {' '.join(fleet[0]['pulled']) or 'none of the watched'}")
     print(f"(b) syncer run, defaults:     {_mib(syncer_rss)} MiB (runs: {', '.join(_mib(r['rss']) for r in sidecar)})")
+    print(f"(c) syncer run, watch = required (no informers): {_mib(bare_rss)} MiB "
+          f"(runs: {', '.join(_mib(r['rss']) for r in bare)})")
     print(f"budget (a) <= {args.budget:g} MiB: {'met' if within else 'MISSED'}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"imports": rows, "fleet": fleet, "syncer_run": sidecar,
+    args.json.write_text(json.dumps({"imports": rows, "fleet": fleet, "syncer_run": sidecar, "syncer_run_bare": bare,
                                      "budget_mib": args.budget, "within": within}, indent=2))
     sys.exit(0 if within else 1)
 
