@@ -2,10 +2,10 @@
 
 Configuration (kubeconfig with context selection, in-cluster service account, token credentials and their
 refresh, client certificates, CA) is read by ``kubernetes.config``; exec credential plugins are run by
-``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through one aiohttp session.
+``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through a ``transport.Transport``: HTTP/2 by default.
 Responses are decoded once with orjson into plain dicts. Every request says ``User-Agent: kube-syncer/<version>
 (<os>/<arch>)``, client-go's form: the apiserver names a write without ``fieldManager`` after the part before the
-first "/", so such writes are managed by "kube-syncer" (aiohttp's own agent would make them "Python").
+first "/", so such writes are managed by "kube-syncer", not by the HTTP library's name.
 """
 
 from __future__ import annotations
@@ -20,19 +20,17 @@ import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Mapping
 
-import aiohttp
 import kubernetes
 import orjson
 
 from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate, load_kubeconfig
 from .errors import ApiError, FenceError
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
+from .transport import CONNECTION_ERRORS, Http1Transport, Http2Transport, Response, Transport
 
 _JSON = "application/json"
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REFRESH_EVERY = 5.0
-# Failures below HTTP: the server was not reached, or the connection broke.
-CONNECTION_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 _GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386", "ppc64le": "ppc64le",
             "s390x": "s390x"}
 
@@ -59,7 +57,7 @@ class ApiClient:
     def __init__(self, configuration: kubernetes.client.Configuration, connect_timeout: float = 10.0,
                  exec_plugin: ExecPlugin | None = None, *, ca_data: str | None = None,
                  client_cert_data: str | None = None, client_key_data: str | None = None,
-                 tls_server_name: str | None = None, user_agent: str = USER_AGENT) -> None:
+                 tls_server_name: str | None = None, user_agent: str = USER_AGENT, http2: bool = True) -> None:
         """``exec_plugin`` supplies the credential instead of ``configuration`` (see ``from_kubeconfig``).
 
         ``ca_data`` (PEM) is trusted in addition to ``configuration.ssl_ca_cert``; ``client_cert_data`` and
@@ -67,7 +65,9 @@ class ApiClient:
         and loaded like an exec plugin's certificate (``load_client_certificate``): the kubernetes package writes
         each ``*-data`` field of a kubeconfig to a temporary file kept until the process exits, which piles up when
         clusters come and go. ``tls_server_name`` is the name the server's certificate is checked against (and
-        sent as SNI) instead of the host of the URL. ``user_agent`` is sent with every request.
+        sent as SNI) instead of the host of the URL. ``user_agent`` is sent with every request. ``http2``: speak
+        HTTP/2 to an ``https://`` server that offers it (one connection carries every request and watch), else
+        HTTP/1.1 (a connection per concurrent request).
         """
         if (client_cert_data is None) != (client_key_data is None):
             raise ValueError("client_cert_data and client_key_data go together")
@@ -80,7 +80,8 @@ class ApiClient:
         self.user_agent = user_agent
         self.request_counts = RequestCounts(self.host)  # rest_client_* metrics, exported while the client is open
         self._connect_timeout = connect_timeout
-        self._session: aiohttp.ClientSession | None = None
+        self.http2 = http2
+        self._transport: Transport | None = None
         self._session_cert: str | None = None
         self._next_refresh = 0.0
 
@@ -132,22 +133,40 @@ class ApiClient:
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl(), limit=0, enable_cleanup_closed=True)
-            self._session = aiohttp.ClientSession(
-                connector=connector, json_serialize=lambda o: orjson.dumps(o).decode(),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
-                auto_decompress=True, headers={"User-Agent": self.user_agent},
-            )
-        return self._session
+    def _get_transport(self) -> Transport:
+        if self._transport is None:
+            def http1() -> Transport:
+                return Http1Transport(self.host, self._ssl(), self._tls_server_name, self._connect_timeout,
+                                      self.user_agent)
+
+            if self.http2 and self.host.startswith("https"):
+                self._transport = Http2Transport(self.host, self._ssl_context, self._tls_server_name,
+                                                 self._connect_timeout, self.user_agent, http1)
+            else:
+                self._transport = http1()
+        return self._transport
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        context = self._ssl()
+        assert isinstance(context, ssl.SSLContext)
+        return context
+
+    @property
+    def connections(self) -> int:
+        """TCP connections this client has open to its server (busy or idle)."""
+        return self._transport.connections if self._transport is not None else 0
+
+    @property
+    def closed(self) -> bool:
+        """No connection is open and none will be until the next request."""
+        return self._transport is None
 
     async def close(self) -> None:
         """Close the session and every pooled connection; its ``rest_client_*`` series leave the metrics."""
         untrack(self.request_counts)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            await transport.close()
 
     def fenced(self, valid: Callable[[], bool], what: str = "the leadership term",
                remaining: Callable[[], float] | None = None) -> "ApiClient":
@@ -196,15 +215,15 @@ class ApiClient:
         closes every connection when an exec certificate rotates).
         """
         credential = await plugin.get(rejected)
-        if self._session is not None and credential.client_cert != self._session_cert:
-            old, self._session = self._session, None
+        if self._transport is not None and credential.client_cert != self._session_cert:
+            old, self._transport = self._transport, None
             await old.close()
         return {"Authorization": f"Bearer {credential.token}"} if credential.token else {}
 
     @asynccontextmanager
-    async def _send(self, method: str, url: str, headers: dict[str, str], guard: Callable[[], None] | None = None,
-                    **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
-        """``session.request``, sent once more with a new exec credential when the server answers 401 to one.
+    async def _send(self, method: str, path: str, headers: dict[str, str], guard: Callable[[], None] | None,
+                    **kwargs: Any) -> AsyncIterator[Response]:
+        """``_counted``, sent once more with a new exec credential when the server answers 401 to one.
 
         client-go re-runs the plugin on 401 and fails the request; sending it again (a 401 means the server did
         nothing) spares the caller an error when a token is revoked or rotated before its expiry. Only once:
@@ -214,27 +233,26 @@ class ApiClient:
         used = plugin.current if plugin is not None else None
         if guard is not None:
             guard()
-        async with self._counted(method, url, headers, kwargs) as resp:
+        async with self._counted(method, path, headers, kwargs) as resp:
             if resp.status != 401 or plugin is None:
                 yield resp
                 return
         fresh = {k: v for k, v in headers.items() if k != "Authorization"} | await self._exec_headers(plugin, used)
         if guard is not None:
             guard()
-        async with self._counted(method, url, fresh, kwargs) as resp:
+        async with self._counted(method, path, fresh, kwargs) as resp:
             yield resp
 
     @asynccontextmanager
-    async def _counted(self, method: str, url: str, headers: dict[str, str],
-                       kwargs: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
-        """``session.request``, counted in ``request_counts`` once its headers came (or it got no answer)."""
+    async def _counted(self, method: str, path: str, headers: dict[str, str],
+                       kwargs: dict[str, Any]) -> AsyncIterator[Response]:
+        """The transport's request, counted in ``request_counts`` once its headers came (or it got no answer)."""
         counts = self.request_counts
         counts.server(self.host)  # a test or a proxy may point the client elsewhere after it was made
         track(counts)
         started = time.monotonic()
         try:
-            async with self._get_session().request(method, url, headers=headers,
-                                                   server_hostname=self._tls_server_name, **kwargs) as resp:
+            async with self._get_transport().request(method, path, headers, **kwargs) as resp:
                 counts.observe(method, resp.status, started)
                 started = 0.0
                 yield resp
@@ -279,8 +297,8 @@ class ApiClient:
             data = orjson.dumps(body)
             hdrs.setdefault("Content-Type", "application/merge-patch+json" if method == "PATCH" else _JSON)
         async with self._noting_answers(self._send(
-            method, self.host + path, params=params, data=data, headers=hdrs, guard=guard,
-            timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self._connect_timeout, connect=connect_within),
+            method, path, hdrs, guard, params=params, body=data, total=timeout, read_idle=None,
+            connect_within=connect_within,
         )) as resp:
             raw = await resp.read()
             if resp.status >= 400:
@@ -298,13 +316,12 @@ class ApiClient:
         """
         hdrs = await self._headers()
         async with self._noting_answers(self._send(
-            "GET", self.host + path, params=params, headers=hdrs,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
-                                          sock_read=inactivity_timeout),
+            "GET", path, hdrs, None, params=params, body=None, total=None, read_idle=inactivity_timeout,
+            connect_within=None,
         )) as resp:
             if resp.status >= 400:
                 raise _error(resp, await resp.read())
-            yield _events(resp.content)
+            yield _events(resp)
 
     # -- "the server answered again" ---------------------------------------------------------------------
     # Class-level defaults, shadowed per instance by the first change.
@@ -331,8 +348,8 @@ class ApiClient:
 
     @asynccontextmanager
     async def _noting_answers(
-        self, sending: AbstractAsyncContextManager[aiohttp.ClientResponse]
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        self, sending: AbstractAsyncContextManager[Response]
+    ) -> AsyncIterator[Response]:
         """``sending``'s response; notes a connection error, or the first success after one (a ``recoveries``).
 
         Only a success counts as the server answering again: a server still starting answers 403, 429 or 503
@@ -398,12 +415,13 @@ class _FencedClient(ApiClient):
         return None
 
 
-async def _events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
-    # Splitting lines ourselves: aiohttp's readline caps line length, and objects can be megabytes.
+async def _events(resp: Response) -> AsyncIterator[dict[str, Any]]:
+    # Splitting lines ourselves: objects can be megabytes, and one chunk may hold many events.
     pending: list[bytes] = []
     loads = orjson.loads
+    readany = resp.readany
     while True:
-        chunk = await content.readany()
+        chunk = await readany()
         if not chunk:
             return
         view = memoryview(chunk)
@@ -422,11 +440,11 @@ async def _events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]
             pending.append(chunk[start:])
 
 
-def _error(resp: aiohttp.ClientResponse, raw: bytes) -> ApiError:
+def _error(resp: Response, raw: bytes) -> ApiError:
     retry_after = None
-    if "Retry-After" in resp.headers:
+    if (value := resp.header("Retry-After")) is not None:
         try:
-            retry_after = float(resp.headers["Retry-After"])
+            retry_after = float(value)
         except ValueError:
             pass
     try:
