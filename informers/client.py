@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import importlib.metadata
+import os
 import platform
 import ssl
 import sys
@@ -57,7 +58,7 @@ class ApiClient:
     def __init__(self, configuration: kubernetes.client.Configuration, connect_timeout: float = 10.0,
                  exec_plugin: ExecPlugin | None = None, *, ca_data: str | None = None,
                  client_cert_data: str | None = None, client_key_data: str | None = None,
-                 tls_server_name: str | None = None, user_agent: str = USER_AGENT, http2: bool = True) -> None:
+                 tls_server_name: str | None = None, user_agent: str = USER_AGENT, http2: bool | None = None) -> None:
         """``exec_plugin`` supplies the credential instead of ``configuration`` (see ``from_kubeconfig``).
 
         ``ca_data`` (PEM) is trusted in addition to ``configuration.ssl_ca_cert``; ``client_cert_data`` and
@@ -67,7 +68,8 @@ class ApiClient:
         clusters come and go. ``tls_server_name`` is the name the server's certificate is checked against (and
         sent as SNI) instead of the host of the URL. ``user_agent`` is sent with every request. ``http2``: speak
         HTTP/2 to an ``https://`` server that offers it (one connection carries every request and watch), else
-        HTTP/1.1 (a connection per concurrent request).
+        HTTP/1.1 (a connection per concurrent request); by default on unless ``$DISABLE_HTTP2`` is set to
+        anything, client-go's switch.
         """
         if (client_cert_data is None) != (client_key_data is None):
             raise ValueError("client_cert_data and client_key_data go together")
@@ -80,7 +82,7 @@ class ApiClient:
         self.user_agent = user_agent
         self.request_counts = RequestCounts(self.host)  # rest_client_* metrics, exported while the client is open
         self._connect_timeout = connect_timeout
-        self.http2 = http2
+        self.http2 = not os.environ.get("DISABLE_HTTP2") if http2 is None else http2
         self._transport: Transport | None = None
         self._session_cert: str | None = None
         self._next_refresh = 0.0

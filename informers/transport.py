@@ -153,12 +153,13 @@ class Http2Transport:
     """HTTP/2 connections to one server, each carrying up to the server's stream limit.
 
     ``context_factory`` makes the TLS context (ALPN is set here); ``http1`` makes the HTTP/1.1 transport used
-    once the server turns ``h2`` down.
+    once the server turns ``h2`` down. ``read_idle`` and ``ping_timeout`` (default ``READ_IDLE``, ``PING_TIMEOUT``)
+    tune the health check.
     """
 
     def __init__(self, base_url: str, context_factory: Callable[[], ssl.SSLContext], server_hostname: str | None,
                  connect_timeout: float, user_agent: str, http1: Callable[[], Transport],
-                 read_idle: float = READ_IDLE, ping_timeout: float = PING_TIMEOUT) -> None:
+                 read_idle: float | None = None, ping_timeout: float | None = None) -> None:
         url = urlsplit(base_url)
         if url.scheme != "https" or url.hostname is None:
             raise ValueError(f"HTTP/2 needs an https:// URL, not {base_url!r}")
@@ -172,7 +173,8 @@ class Http2Transport:
         self._user_agent = user_agent
         self._http1_factory = http1
         self._http1: Transport | None = None
-        self._read_idle, self._ping_timeout = read_idle, ping_timeout
+        self._read_idle = READ_IDLE if read_idle is None else read_idle
+        self._ping_timeout = PING_TIMEOUT if ping_timeout is None else ping_timeout
         self._conns: list[H2Connection] = []
         self._dialing: asyncio.Task[None] | None = None
         self._closed = False

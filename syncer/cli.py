@@ -72,9 +72,10 @@ def _client(settings: Settings) -> ApiClient:
             raise UsageError(f"{where}{origin} does not exist; set the 'kubeconfig' setting or --kubeconfig, or "
                              "in_cluster = true inside a pod")
     try:
-        if settings.in_cluster:
-            return ApiClient.in_cluster()
-        return ApiClient.from_kubeconfig(settings.kubeconfig or None, settings.context or None)
+        client = (ApiClient.in_cluster() if settings.in_cluster else
+                  ApiClient.from_kubeconfig(settings.kubeconfig or None, settings.context or None))
+        client.http2 = settings.http2 and client.http2
+        return client
     except Exception as e:  # the loader raises anything from ConfigException to TypeError on a bad file
         contexts = _contexts(settings.kubeconfig) if settings.context and not settings.in_cluster else None
         if contexts is not None and settings.context not in contexts:

@@ -191,6 +191,9 @@ class Settings:
     - ``shutdown_timeout``: the bound on a graceful stop; ``start_timeout``: the bound on starting the
       controllers after becoming leader.
     - ``uvloop``: run ``syncer run`` on uvloop when it is installed (off: the standard asyncio loop).
+    - ``http2``: talk to every API server (the local one and the members) over HTTP/2 when it offers it, one
+      connection per server for all requests and watches, as client-go; off: HTTP/1.1, a connection per watch.
+      client-go's ``DISABLE_HTTP2`` environment variable turns it off too.
     - ``debug_endpoints``: also serve ``/debug/tasks`` (every asyncio task's stack) and ``/debug/stalls`` (where
       the event loop was when it stalled) on ``http_bind``.
     - ``watch``: which served (and filtered) GVRs get informers: ``"all"``, or ``"required"``: only those some
@@ -219,6 +222,7 @@ class Settings:
     shutdown_timeout: float = 20.0
     start_timeout: float = 60.0
     uvloop: bool = True
+    http2: bool = True
     debug_endpoints: bool = False
     watch: WatchMode = "all"
     leader_election: LeaderElection = field(default_factory=LeaderElection)
@@ -509,6 +513,7 @@ _CHECKS: dict[str, _Check] = {
     "shutdown_timeout": _duration(),
     "start_timeout": _duration(),
     "uvloop": _boolean,
+    "http2": _boolean,
     "debug_endpoints": _boolean,
     "watch": _choice(("all", "required")),
     "leader_election.enabled": _boolean,
