@@ -63,12 +63,26 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}"
 
 
-def header(title: str, commands: list[str], label: str | None, dry: bool, extra: list[str]) -> list[str]:
+FULL_RUN = {
+    "fleet": ["# about 25 minutes: 3 sizes x (300 s idle + bring-up and teardown)",
+              ".venv/bin/python bench/fleet_bench.py --clusters 50,200,500 --idle 300",
+              ".venv/bin/python bench/fleet_report.py fleet"],
+    "transport": ["# about 8 minutes with HTTP/2 available (6 cases x ~60 s), 4 without; then about 2 minutes",
+                  ".venv/bin/python bench/transport_bench.py",
+                  ".venv/bin/python bench/deadconn_bench.py",
+                  ".venv/bin/python bench/fleet_report.py transport"],
+}
+
+
+def header(title: str, which: str, commands: list[str], label: str | None, dry: bool,
+           extra: list[str]) -> list[str]:
     report = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/fleet_report.py", *sys.argv[1:]])
     lines = [f"# {title}", ""]
     if label or dry:
         lines += [label or DRY, ""]
-    lines += ["Commands (from the repository root; the JSON goes to the git-ignored bench/out/):", "", "```sh",
+    if dry:
+        lines += ["The measurement run, from a quiet machine:", "", "```sh", *FULL_RUN[which], "```", ""]
+    lines += ["Commands of this run (from the repository root; the JSON goes to the git-ignored bench/out/):", "", "```sh",
               *commands, report, "```", "", *extra]
     return lines
 
@@ -86,12 +100,13 @@ def fleet(d: dict[str, Any], label: str | None) -> str:
     a = d["args"]
     dry = int(sizes[-1]) < 50 or a["idle"] < 300
     lines = header("Fleet scale: ours vs client-go at " + ", ".join(sizes) + " members (issue 23)",
-                   [d["command"]], label, dry, [machine(d), ""])
+                   "fleet", [d["command"]], label, dry, [machine(d), ""])
     lines += [
         f"Apiserver flags raised: `{' '.join(d['apiserver_flags'])}` (defaults 400 and 200); "
         f"`--http2-max-streams-per-connection` at its default of 100. File limit of the contenders: "
         f"{d['fd_limit']}. Members over {a['apiservers']} workload apiserver(s). Idle window "
-        f"{a['idle']:.0f} s, both contenders idle at once; connections sampled every {a['sample']:.0f} s. "
+        f"{a['idle']:.0f} s, both contenders idle at once (CPU resolution one 10 ms clock tick: "
+        f"{1 / a['idle']:.4f} % of a core); connections sampled every {a['sample']:.0f} s. "
         "One round per size, a fresh process per contender; order of bring-up per size: "
         + "; ".join(f"{n}: {' then '.join(d['sizes'][n]['order'])}" for n in sizes) + ".", "",
         "What runs (see bench/multicluster_bench.py and bench/RESULTS-multicluster.md): **ours** is "
@@ -167,7 +182,7 @@ def transport(t: dict[str, Any] | None, dc: dict[str, Any] | None, label: str | 
     commands = [x["command"] for x in (t, dc) if x]
     dry = bool((t and t["args"]["updates"] < 20000) or (dc and dc["args"]["watches"] < 50))
     lines = header("Transport: CPU per watch event by streams, and a dead connection under 50 watches (issue 23)",
-                   commands, label, dry, [])
+                   "transport", commands, label, dry, [])
     if t:
         modes = sorted({r["transport"] for r in t["runs"]}, key=lambda x: ("2" in x, x))
         streams = sorted({r["streams"] for r in t["runs"]})
@@ -228,6 +243,13 @@ def transport(t: dict[str, Any] | None, dc: dict[str, Any] | None, label: str | 
                 f"{fmt(reopen[len(reopen) // 2] if reopen else None, '.2f')} / {fmt(m['reopen_max_s'], '.2f')} | "
                 f"{fmt(m['event_p50_s'], '.2f')} / {fmt(m['event_p99_s'], '.2f')} / {fmt(m['event_max_s'], '.2f')} | "
                 f"{m['divergent']} | {m['settle_s']:.2f} | {'met' if ok else '**missed**'} |")
+        lines += ["", "Per cut (a later cut can find the reflectors' backoff still grown from the one before):", "",
+                  "| transport | cut | connections before | recovered | within 2 s | reopen p50 / max s | "
+                  "event p50 / max s |", "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {m['transport']} | {c['cut'] + 1} | {c['connections_before']} | {c['recovered']}/{c['watches']} "
+                  f"| {c['within_2s']}/{c['watches']} | {fmt(c['reopen_p50_s'], '.2f')} / {fmt(c['reopen_max_s'], '.2f')} "
+                  f"| {fmt(c['event_p50_s'], '.2f')} / {fmt(c['event_max_s'], '.2f')} |"
+                  for m in dc["modes"] for c in m["cuts"]]
     return "\n".join(lines) + "\n"
 
 
