@@ -67,7 +67,7 @@ FULL_RUN = {
     "fleet": ["# about 25 minutes: 3 sizes x (300 s idle + bring-up and teardown)",
               ".venv/bin/python bench/fleet_bench.py --clusters 50,200,500 --idle 300",
               ".venv/bin/python bench/fleet_report.py fleet"],
-    "transport": ["# about 8 minutes with HTTP/2 available (6 cases x ~60 s), 4 without; then about 2 minutes",
+    "transport": ["# about 13 minutes with HTTP/2 available (6 cases x 2 reps x ~60 s), 7 without; then about 2 minutes",
                   ".venv/bin/python bench/transport_bench.py",
                   ".venv/bin/python bench/deadconn_bench.py",
                   ".venv/bin/python bench/fleet_report.py transport"],

@@ -2,7 +2,7 @@
 against HTTP/2 when the client has that setting (issue 23: the transport must not cost more per event).
 
     .venv/bin/python bench/transport_bench.py [--streams 1,50,500] [--http2 both|off|on] [--updates 20000] \
-        [--rate 350] [--reps 1] [--loop asyncio|uvloop] [--json bench/out/transport.json]
+        [--rate 350] [--reps 2] [--loop asyncio|uvloop] [--json bench/out/transport.json]
     .venv/bin/python bench/fleet_report.py transport --transport bench/out/transport.json \
         --deadconn bench/out/deadconn.json            # -> bench/RESULTS-transport.md
 
@@ -60,7 +60,7 @@ def main() -> None:
                    help="when ApiClient has an http2 setting (else HTTP/1.1 only)")
     p.add_argument("--updates", type=int, default=20000, help="events per measurement")
     p.add_argument("--rate", type=float, default=350.0, help="patches per second in all, 0 = unthrottled")
-    p.add_argument("--reps", type=int, default=1, help="measurements per (streams, transport)")
+    p.add_argument("--reps", type=int, default=2, help="measurements per (streams, transport), order reversed each rep")
     p.add_argument("--objects", type=int, default=OBJECTS, help="ConfigMaps the writer cycles through")
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                    help="the runner's event loop (asyncio: as the watch-floor row of bench/RESULTS.md)")
