@@ -67,7 +67,8 @@ FULL_RUN = {
     "fleet": ["# about 25 minutes: 3 sizes x (300 s idle + bring-up and teardown)",
               ".venv/bin/python bench/fleet_bench.py --clusters 50,200,500 --idle 300",
               ".venv/bin/python bench/fleet_report.py fleet"],
-    "transport": ["# about 13 minutes with HTTP/2 available (6 cases x 2 reps x ~60 s), 7 without; then about 2 minutes",
+    "transport": ["# about 13 minutes with HTTP/2 available (6 cases x 2 reps x ~60 s), 7 without;",
+                  "# then about 2 minutes",
                   ".venv/bin/python bench/transport_bench.py",
                   ".venv/bin/python bench/deadconn_bench.py",
                   ".venv/bin/python bench/fleet_report.py transport"],
@@ -82,8 +83,8 @@ def header(title: str, which: str, commands: list[str], label: str | None, dry: 
         lines += [label or DRY, ""]
     if dry:
         lines += ["The measurement run, from a quiet machine:", "", "```sh", *FULL_RUN[which], "```", ""]
-    lines += ["Commands of this run (from the repository root; the JSON goes to the git-ignored bench/out/):", "", "```sh",
-              *commands, report, "```", "", *extra]
+    lines += ["Commands of this run (from the repository root; the JSON goes to the git-ignored bench/out/):", "",
+              "```sh", *commands, report, "```", "", *extra]
     return lines
 
 
@@ -149,7 +150,8 @@ def fleet(d: dict[str, Any], label: str | None) -> str:
          f"{o['conn_end_per_member']:.2f} at the end of the idle"),
         ("RSS per member after sync ≤ 1.0× client-go", o["rss_per_member_kib"] <= g["rss_per_member_kib"],
          f"{ratio(o['rss_per_member_kib'], g['rss_per_member_kib'])}×"),
-        ("RSS per member after the idle ≤ 1.0× client-go", o["rss_end_per_member_kib"] <= g["rss_end_per_member_kib"],
+        ("RSS per member after the idle ≤ 1.0× client-go",
+         o["rss_end_per_member_kib"] <= g["rss_end_per_member_kib"],
          f"{ratio(o['rss_end_per_member_kib'], g['rss_end_per_member_kib'])}×"),
         ("idle CPU ≤ 2× client-go", o["idle_cpu_pct"] <= 2 * g["idle_cpu_pct"],
          f"{ratio(o['idle_cpu_pct'], g['idle_cpu_pct'])}×"),
@@ -247,7 +249,8 @@ def transport(t: dict[str, Any] | None, dc: dict[str, Any] | None, label: str | 
                   "| transport | cut | connections before | recovered | within 2 s | reopen p50 / max s | "
                   "event p50 / max s |", "|---|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {m['transport']} | {c['cut'] + 1} | {c['connections_before']} | {c['recovered']}/{c['watches']} "
-                  f"| {c['within_2s']}/{c['watches']} | {fmt(c['reopen_p50_s'], '.2f')} / {fmt(c['reopen_max_s'], '.2f')} "
+                  f"| {c['within_2s']}/{c['watches']} "
+                  f"| {fmt(c['reopen_p50_s'], '.2f')} / {fmt(c['reopen_max_s'], '.2f')} "
                   f"| {fmt(c['event_p50_s'], '.2f')} / {fmt(c['event_max_s'], '.2f')} |"
                   for m in dc["modes"] for c in m["cuts"]]
     return "\n".join(lines) + "\n"

@@ -15,7 +15,8 @@ so every update reaches exactly one stream and the client sees the same ``--rate
 over S streams: S connections over HTTP/1.1, S streams on one connection over HTTP/2 (the apiserver allows
 ``--max-streams`` per connection, raised from its default of 100 so that 500 fit on one).
 
-S=1 over HTTP/1.1 is the "watch-floor" contender of bench/RESULTS.md (the same runner), so its CPU per 10k events compares with that table's row directly; rerun that table with
+S=1 over HTTP/1.1 is the "watch-floor" contender of bench/RESULTS.md (the same runner), so its CPU per 10k
+events compares with that table's row directly; rerun that table with
 
     .venv/bin/python bench/informer_bench.py --sizes 10000 --reps 1 --update-reps 2 \
         --contenders ours,watch-floor,client-go
@@ -60,7 +61,8 @@ def main() -> None:
                    help="when ApiClient has an http2 setting (else HTTP/1.1 only)")
     p.add_argument("--updates", type=int, default=20000, help="events per measurement")
     p.add_argument("--rate", type=float, default=350.0, help="patches per second in all, 0 = unthrottled")
-    p.add_argument("--reps", type=int, default=2, help="measurements per (streams, transport), order reversed each rep")
+    p.add_argument("--reps", type=int, default=2,
+                   help="measurements per (streams, transport), the order reversed each rep")
     p.add_argument("--objects", type=int, default=OBJECTS, help="ConfigMaps the writer cycles through")
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                    help="the runner's event loop (asyncio: as the watch-floor row of bench/RESULTS.md)")
