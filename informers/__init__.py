@@ -12,7 +12,7 @@ from .errors import (
 from .factory import DynamicSharedInformerFactory
 from .field_selector import FieldSelector
 from .frozen import FrozenDict, FrozenList, ReadOnlyError, deep_copy
-from .gvr import GVR
+from .gvr import GVR, MetadataGVR
 from .gvr_listeners import GVRHandler
 from .object_shard import ObjectShard
 from .lister import Lister
@@ -40,7 +40,7 @@ __all__ = [
     "ApiClient", "ApiError", "Backoff", "DeletedFinalStateUnknown", "DiscoveringDynamicSharedInformerFactory",
     "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout", "FieldSelector",
     "DiscoveryClient", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
-    "FenceError", "FuncHandler", "GVR", "GVRHandler", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",
+    "FenceError", "FuncHandler", "GVR", "GVRHandler", "MetadataGVR", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",
     "InformerSource", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",
     "ObjectShard", "ResourceFilter", "ResourceInfo", "Rule", "SelectorError", "SharedIndexInformer", "Store", "Subscription",
     "Supervisor", "TaskHandle", "TaskHealth", "TaskState", "drop_managed_fields", "object_key", "wait_first",
