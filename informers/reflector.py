@@ -145,7 +145,7 @@ class Reflector:
         # Applied as each object is decoded, so that what it drops (managedFields) never piles up in a big
         # list or the watch-list's pending set: freed later, that memory would stay with the process.
         self._transform = transform
-        self._list_kwargs: dict[str, Any] = {}  # passed only when set: fake clients in tests take no headers
+        self._list_kwargs: dict[str, Any] = {}  # only a MetadataGVR's requests carry headers of their own
         self._watch_kwargs: dict[str, Any] = {}
         if gvr.metadata_only:
             self._list_kwargs = {"headers": {"Accept": _METADATA_LIST_ACCEPT}}

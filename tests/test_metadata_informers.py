@@ -182,7 +182,7 @@ async def test_whole_objects_from_a_server_that_cannot_transform_are_cut_down_to
             await api.request("PATCH", f"{path}/cm-1", body={"metadata": {"labels": {"changed": "yes"}}})
             await api.request("DELETE", f"{path}/cm-2")
             await api.request("POST", path, body=body(CONFIGMAPS, "late", {}, "data"))
-            state = {k: v for k, v in (await server_state(api, CONFIGMAPS, namespace)).items()}
+            state = await server_state(api, CONFIGMAPS, namespace)
 
             def same() -> bool:
                 return {k: rv for k, (_, rv) in view(got).items()} == state and \
