@@ -309,14 +309,17 @@ class ApiClient:
 
     @asynccontextmanager
     async def stream(
-        self, path: str, params: Mapping[str, str], inactivity_timeout: float | None = None
+        self, path: str, params: Mapping[str, str], inactivity_timeout: float | None = None, *,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
         """Open a watch and yield an async iterator of decoded watch events.
 
         ``inactivity_timeout`` bounds the silence between two reads: a half-open stream raises TimeoutError
-        instead of hanging forever.
+        instead of hanging forever. ``headers`` are added to (or replace) the client's own, as in ``request``.
         """
         hdrs = await self._headers()
+        if headers:
+            hdrs.update(headers)
         async with self._noting_answers(self._send(
             "GET", path, hdrs, None, params=params, body=None, total=None, read_idle=inactivity_timeout,
             connect_within=None,
@@ -403,8 +406,8 @@ class _FencedClient(ApiClient):
         return await self._inner._request_bytes(method, path, params, body, headers, timeout, guard, within)
 
     def stream(self, path: str, params: Mapping[str, str],
-               inactivity_timeout: float | None = None) -> Any:
-        return self._inner.stream(path, params, inactivity_timeout)
+               inactivity_timeout: float | None = None, *, headers: Mapping[str, str] | None = None) -> Any:
+        return self._inner.stream(path, params, inactivity_timeout, headers=headers)
 
     @property
     def recoveries(self) -> int:

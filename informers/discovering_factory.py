@@ -24,6 +24,10 @@ everything (``status()`` shows it all) but starts informers only for the GVRs so
 nobody requires any more is stopped like a vanished one (removal hooks first) by the pass its ``release``
 triggers; a newly required GVR that the last pass found served and permitted is started at once, so its
 consumer does not wait for that pass. ``watch="all"`` (the default) accepts the same calls and ignores them.
+
+A metadata-only informer (key ``gvr.only_metadata()``) is a cache apart from its GVR's, in either mode started
+only when required or asked for, while its GVR is served and permitted, and stopped with it (removal hooks
+first, under its own key). Discovery, filters, permissions and CRD identity are its GVR's.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import asyncio
 import enum
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, get_args
 
 from loguru import logger
@@ -158,6 +162,7 @@ class DiscoveringDynamicSharedInformerFactory:
         self._adopted: dict[GVR, asyncio.Task[None]] = {}  # started informers -> their sync announcement
         self._removing: set[GVR] = set()
         self._status: dict[GVR, GVRStatus] = {}
+        self._permitted: set[GVR] = set()  # served, selected and permitted at the last pass
         self._wake = asyncio.Event()
         self._running = False
         self._last_pass_started = 0.0
@@ -245,11 +250,13 @@ class DiscoveringDynamicSharedInformerFactory:
 
     def _required_changed(self, before: set[GVR]) -> None:
         required = self._required()
-        if self.watch == "all" or not self._running or required == before:
+        changed = required ^ before
+        if self.watch == "all":
+            changed = {g for g in changed if g.metadata_only}  # the only ones "all" does not watch anyway
+        if not self._running or not changed:
             return  # before start, the first pass reads the requirements
         # The last pass found these watchable: their consumer need not wait for the next one to say so again.
-        idle = {g for g, st in self._status.items() if st.state is GVRState.IDLE}
-        started = (required - before) & (idle - self._inner.informers().keys())
+        started = {g for g in changed & required if g.full in self._permitted} - self._inner.informers().keys()
         for gvr in started:
             self._adopt(gvr)
         if started:
@@ -257,11 +264,13 @@ class DiscoveringDynamicSharedInformerFactory:
         self.trigger()
 
     def status(self) -> list[GVRStatus]:
-        """Every GVR seen by the last pass, with its current state."""
+        """Every GVR seen by the last pass, with its current state; a watched metadata-only key follows its GVR."""
         out = []
         informers = self._inner.informers()
         stale = self.last_pass.stale_group_versions if self.last_pass else set()
-        for gvr, st in sorted(self._status.items()):
+        entries = [*self._status.items(), *((g, replace(self._status[g.full], gvr=g))
+                                            for g in self._adopted if g.metadata_only and g.full in self._status)]
+        for gvr, st in sorted(entries, key=lambda e: (e[0], e[0].metadata_only)):
             inf = informers.get(gvr)
             if inf is not None and gvr in self._adopted:
                 if gvr.group_version in stale:
@@ -280,13 +289,13 @@ class DiscoveringDynamicSharedInformerFactory:
         (or the first pass has not run)."""
         if self.last_pass is None or gvr in self._inner.informers():
             return None
-        st = self._status.get(gvr)
+        st = self._status.get(gvr.full)
         if st is None:
             crd = (self.triggers.crds() or {}).get((gvr.group, gvr.resource))
             if crd is not None and (not crd.established or gvr.version in crd.served) or \
                     gvr.group_version in self.triggers.aggregated_group_versions():
                 return NOT_SERVED_YET
-            return not_served(gvr, self.last_pass.resources)
+            return not_served(gvr.full, self.last_pass.resources)
         if st.state in (GVRState.EXCLUDED, GVRState.FORBIDDEN, GVRState.IDLE):
             return f"{st.state.value}: {st.reason}"
         return None
@@ -436,7 +445,9 @@ class DiscoveringDynamicSharedInformerFactory:
         desired = permitted if self.watch == "all" else {g: uid for g, uid in permitted.items() if g in wanted}
         for gvr in permitted.keys() - desired.keys():
             status[gvr].state, status[gvr].reason = GVRState.IDLE, _NOT_REQUIRED
+        desired = desired | {g: permitted[g.full] for g in wanted if g.metadata_only and g.full in permitted}
         self._status = status
+        self._permitted = set(permitted)
         changed = await self._reconcile(desired)
         self._log.debug("discovery pass {} ({}): {} GVRs served, {} watched, {} requests, {:.0f} ms",
                         self.passes, "periodic" if periodic else "triggered", len(result.resources), len(desired),
@@ -453,7 +464,7 @@ class DiscoveringDynamicSharedInformerFactory:
             if gvr in self._explicit:
                 continue
             if gvr not in desired:
-                st = self._status.get(gvr)
+                st = self._status.get(gvr.full)
                 removals[gvr] = st.reason if st is not None and st.reason else "no longer served"
             elif desired[gvr] and self._identity.get(gvr) not in ("", None, desired[gvr]):
                 removals[gvr] = "its CRD was recreated with a new uid"

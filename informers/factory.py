@@ -1,4 +1,7 @@
-"""DynamicSharedInformerFactory: one shared informer per GVR, created on demand, stoppable one by one."""
+"""DynamicSharedInformerFactory: one shared informer per GVR, created on demand, stoppable one by one.
+
+A ``MetadataGVR`` (``gvr.only_metadata()``) is a key of its own: its informer, next to the GVR's, caches only
+metadata, under the GVR's options (field selector included)."""
 
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ class DynamicSharedInformerFactory:
         if inf is None:
             inf = self._informers[gvr] = SharedIndexInformer(
                 self.client, gvr, namespace=self.namespace, label_selector=self.label_selector,
-                field_selector=self.field_selectors.get(gvr, self.field_selector), indexers=self.indexers,
+                field_selector=self.field_selectors.get(gvr.full, self.field_selector), indexers=self.indexers,
                 transform=self.transform,
                 options=self.options, metrics=self.metrics,
             )

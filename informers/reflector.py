@@ -36,6 +36,12 @@ Where it differs from client-go, and why:
   and API errors are never cut short, so a watch that keeps failing backs off as usual instead of spinning.
 - Nothing but cancellation ends ``run``: an error listener, the sink or the error handling itself raising is
   logged, and the reflector carries on (client-go's equivalent, a panic, is also recovered and retried).
+
+A ``MetadataGVR`` is listed and watched as client-go's metadata client does: ``Accept`` asks for
+``PartialObjectMetadataList`` (LIST) or ``PartialObjectMetadata`` (WATCH, watch-list) and then plain JSON. The
+apiserver takes the first clause the endpoint can serve and answers 406 only when none is left, so a server
+that cannot make the transform sends whole objects instead, and those are cut down to their metadata here
+(client-go decodes them into ``PartialObjectMetadata``). Recovery is the same as for whole objects.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import random
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from loguru import logger
 
@@ -65,6 +71,16 @@ _WATCH_LIST_REFUSED = {400, 405, 415, 422, 501}
 _PROBE_PATH = "/readyz"
 _PROBE_INTERVAL = 1.0
 _probe_locks: "weakref.WeakKeyDictionary[ApiClient, asyncio.Lock]" = weakref.WeakKeyDictionary()
+_PARTIAL_API_VERSION, _PARTIAL_KIND = "meta.k8s.io/v1", "PartialObjectMetadata"
+_METADATA_LIST_ACCEPT = f"application/json;as={_PARTIAL_KIND}List;g=meta.k8s.io;v=v1,application/json"
+_METADATA_WATCH_ACCEPT = f"application/json;as={_PARTIAL_KIND};g=meta.k8s.io;v=v1,application/json"
+
+
+def as_partial_object_metadata(obj: Obj) -> Obj:
+    """``obj`` as a ``PartialObjectMetadata`` (itself when it is one already)."""
+    if obj.get("kind") == _PARTIAL_KIND:
+        return obj
+    return {"apiVersion": _PARTIAL_API_VERSION, "kind": _PARTIAL_KIND, "metadata": obj.get("metadata") or {}}
 
 
 class ReflectorSink(Protocol):
@@ -129,6 +145,13 @@ class Reflector:
         # Applied as each object is decoded, so that what it drops (managedFields) never piles up in a big
         # list or the watch-list's pending set: freed later, that memory would stay with the process.
         self._transform = transform
+        self._list_kwargs: dict[str, Any] = {}  # only a MetadataGVR's requests carry headers of their own
+        self._watch_kwargs: dict[str, Any] = {}
+        if gvr.metadata_only:
+            self._list_kwargs = {"headers": {"Accept": _METADATA_LIST_ACCEPT}}
+            self._watch_kwargs = {"headers": {"Accept": _METADATA_WATCH_ACCEPT}}
+            self._transform = as_partial_object_metadata if transform is None else \
+                lambda obj: transform(as_partial_object_metadata(obj))
         self._rv_unavailable = False
         self._paginated_result = False  # the first list at "0" came in pages: the server has no watch cache
         self._need_list = True
@@ -289,7 +312,7 @@ class Reflector:
         while True:
             self._m_lists.inc()
             try:
-                page = await self.client.request("GET", self.path, params)
+                page = await self.client.request("GET", self.path, params, **self._list_kwargs)
             except ApiError as e:
                 if "continue" in params and e.is_gone:
                     # The continue token expired mid-way: one unpaged list at the same RV instead.
@@ -366,7 +389,8 @@ class Reflector:
         transform = self._transform
         shard = self.shard
         counts = self.event_counts
-        async with self.client.stream(self.path, params, self.options.inactivity_timeout) as events:
+        async with self.client.stream(self.path, params, self.options.inactivity_timeout,
+                                      **self._watch_kwargs) as events:
             # Watching again: the last failure no longer describes the informer (it shows in status and
             # per-cluster readiness until now).
             self.last_error = None

@@ -301,9 +301,9 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
             if why:
                 logger.warning("controller {} requires {}, which the settings exclude ({}): it would wait forever; "
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
-            elif served is not None and gvr not in served:
+            elif served is not None and gvr.full not in served:
                 logger.warning("controller {} requires {}, which the API server {} does not serve ({}): it would "
-                               "wait until it does", name, gvr, host, not_served(gvr, served))
+                               "wait until it does", name, gvr, host, not_served(gvr.full, served))
     fleet = sorted(controllers.fleet)
     components = sorted(c.name for c in controllers.components)
     _refuse_fleet_with_sharding(settings, controllers)
