@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psutil
 from prometheus_client import CollectorRegistry
 
 from controllers.cluster_registry import ClusterRegistry, RegistryOptions
@@ -145,6 +146,44 @@ async def test_the_safety_net_pass_runs_while_the_triggers_watch(api: ApiClient)
         assert 2 <= f.passes - passes <= 4, f.passes - passes
     finally:
         await f.shutdown()
+
+
+async def test_a_pass_follows_the_server_answering_again(control_plane_factory: Any) -> None:
+    """After an outage (an upgrade, say, which may serve other built-in APIs) a pass runs as soon as the server
+    answers again, not at the safety net."""
+    plane = control_plane_factory()
+    async with ApiClient.from_kubeconfig(str(plane.kubeconfig)) as client:
+        f = DiscoveringDynamicSharedInformerFactory(client, metrics_registry=CollectorRegistry(), watch="required",
+                                                    full_rediscovery_interval=3600.0)
+        f.require("test", [CONFIGMAPS])
+        await f.start()
+        try:
+            await eventually(lambda: CONFIGMAPS in f.informers()[0], 20, "configmaps synced")
+            passes = f.passes
+            await asyncio.to_thread(plane.stop_apiserver)
+            await eventually(lambda: f.informers()[0][CONFIGMAPS].last_error is not None, 20, "the watch failing")
+            await asyncio.to_thread(plane.start_apiserver)
+            await eventually(lambda: f.passes > passes, 30, "a pass once the server answers")
+        finally:
+            await f.shutdown()
+
+
+async def test_a_request_after_the_old_keep_alive_reuses_the_connection(control_plane: ControlPlane) -> None:
+    """A request 20 s after the last one (aiohttp's default keep-alive was 15 s, the old probe interval) goes on
+    the pooled connection: no new TLS handshake."""
+    def ports() -> set[int]:
+        return {c.laddr.port for c in psutil.Process().net_connections("tcp")
+                if c.raddr and c.raddr.port == control_plane.port and c.status == psutil.CONN_ESTABLISHED}
+
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        before = ports()
+        await client.request("GET", "/version")
+        ours = ports() - before
+        assert len(ours) == 1, ours
+        await asyncio.sleep(20.0)
+        assert ours <= ports(), "the pooled connection was closed"
+        await client.request("GET", "/version")
+        assert ports() - before == ours
 
 
 async def test_member_informer_metrics_are_labelled_by_cluster_and_leave_with_it(
