@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 import psutil
+import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers.cluster_registry import ClusterRegistry, RegistryOptions
@@ -168,7 +169,9 @@ async def test_a_pass_follows_the_server_answering_again(control_plane_factory: 
             await f.shutdown()
 
 
-async def test_a_request_after_the_old_keep_alive_reuses_the_connection(control_plane: ControlPlane) -> None:
+@pytest.mark.parametrize("http2", [True, False], ids=["http2", "http1"])
+async def test_a_request_after_the_old_keep_alive_reuses_the_connection(control_plane: ControlPlane,
+                                                                        http2: bool) -> None:
     """A request 20 s after the last one (aiohttp's default keep-alive was 15 s, the old probe interval) goes on
     the pooled connection: no new TLS handshake."""
     def ports() -> set[int]:
@@ -176,6 +179,7 @@ async def test_a_request_after_the_old_keep_alive_reuses_the_connection(control_
                 if c.raddr and c.raddr.port == control_plane.port and c.status == psutil.CONN_ESTABLISHED}
 
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        client.http2 = http2
         before = ports()
         await client.request("GET", "/version")
         ours = ports() - before
