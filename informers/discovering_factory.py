@@ -1,8 +1,12 @@
 """DiscoveringDynamicSharedInformerFactory: one running, synced informer per GVR the server serves.
 
 Discovery passes run at start, whenever a CRD or APIService changes (``discovery_triggers``), when an
-informer's watch answers 404, and periodically as a safety net (the only trigger when the user may not watch
-CRDs/APIServices). Each pass starts informers for new GVRs, stops those whose GVR vanished, and replaces an
+informer's watch answers 404, when the server answers again after an outage (it may have been upgraded, and
+serve other built-in APIs), and periodically. The period is short (``rediscovery_interval``) while a pass is the
+only way to see a change: a trigger cannot watch (no permission), or ``check_permissions`` found a GVR forbidden
+(RBAC is not watched). Otherwise the events say when to look, and the periodic pass is only a slow safety net
+(``full_rediscovery_interval``, jittered so that a fleet's members do not pass together): an idle member costs
+no discovery requests. Each pass starts informers for new GVRs, stops those whose GVR vanished, and replaces an
 informer whose CRD was deleted and recreated (new uid) between passes. Subscribers are notified on every
 change of the set and whenever an informer becomes synced; GVR handlers (``gvr_listeners``) get precise
 per-GVR events; ``check_permissions`` asks ``access_review`` before watching.
@@ -35,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import random
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, get_args
@@ -66,6 +71,7 @@ WatchMode = Literal["all", "required"]
 _EXPECTED_ERRORS = (ApiError, *CONNECTION_ERRORS)
 _PASS_SLACK = 10.0  # a pass's own work besides its bounded waits, generously
 _NOT_REQUIRED = "not required by any controller"
+_JITTER = 0.2  # a periodic pass waits its interval plus up to this fraction of it (client-go's wait.Jitter)
 # ``explain``'s answer for a GVR that a CRD or an APIService is about to serve: waiting for it is normal.
 NOT_SERVED_YET = "not served yet: its CRD or APIService does not serve it yet"
 
@@ -108,7 +114,9 @@ class DiscoveringDynamicSharedInformerFactory:
 
     ``await start()`` runs the first discovery pass (retrying until it succeeds) before returning; ``await
     shutdown()`` stops everything. ``filter`` selects GVRs; ``check_permissions`` drops GVRs the user may not
-    list+watch (via SelfSubjectAccessReview); ``rediscovery_interval`` is the periodic safety net;
+    list+watch (via SelfSubjectAccessReview); ``rediscovery_interval`` is the period of passes while only a pass
+    can see a change, ``full_rediscovery_interval`` the safety net's otherwise (module docstring; the longer of
+    the two); the informers' metrics are labelled ``cluster=metrics_cluster``;
     ``field_selectors`` has the server filter the informer of a GVR (``DynamicSharedInformerFactory``). Background
     tasks run under ``supervisor`` (its own if none is given), named after ``name``.
     """
@@ -117,10 +125,11 @@ class DiscoveringDynamicSharedInformerFactory:
         self, client: ApiClient, *, filter: ResourceFilter | None = None, namespace: str | None = None,
         label_selector: str | None = None, indexers: Mapping[str, IndexFunc] | None = None,
         transform: Transform | None = drop_managed_fields, options: ReflectorOptions | None = None,
-        rediscovery_interval: float = 60.0, check_permissions: bool = False, watch_triggers: bool = True,
+        rediscovery_interval: float = 60.0, full_rediscovery_interval: float = 600.0,
+        check_permissions: bool = False, watch_triggers: bool = True,
         min_pass_interval: float = 0.1, metrics_registry: CollectorRegistry | None = None,
         supervisor: Supervisor | None = None, removal_timeout: float = 30.0, name: str = "discovery",
-        watch: WatchMode = "all", field_selectors: Mapping[GVR, str] | None = None,
+        watch: WatchMode = "all", field_selectors: Mapping[GVR, str] | None = None, metrics_cluster: str = "",
     ) -> None:
         if watch not in get_args(WatchMode):  # a mistyped mode from a settings file would mean "all", silently
             raise ValueError(f"watch must be one of {', '.join(get_args(WatchMode))}, not {watch!r}")
@@ -131,6 +140,7 @@ class DiscoveringDynamicSharedInformerFactory:
             self.filter.namespaced_only = True
         self.namespace = namespace
         self.rediscovery_interval = rediscovery_interval
+        self.full_rediscovery_interval = max(full_rediscovery_interval, rediscovery_interval)
         self.check_permissions = check_permissions
         self.watch_triggers = watch_triggers
         self.min_pass_interval = min_pass_interval
@@ -142,8 +152,10 @@ class DiscoveringDynamicSharedInformerFactory:
         self.last_pass: DiscoveryResult | None = None
         self._inner = DynamicSharedInformerFactory(
             client, namespace=namespace, label_selector=label_selector, indexers=indexers, transform=transform,
-            options=options, metrics_registry=metrics_registry, field_selectors=field_selectors)
-        self._meta = DynamicSharedInformerFactory(client, options=options, metrics_registry=metrics_registry)
+            options=options, metrics_registry=metrics_registry, field_selectors=field_selectors,
+            metrics_cluster=metrics_cluster)
+        self._meta = DynamicSharedInformerFactory(client, options=options, metrics_registry=metrics_registry,
+                                                  metrics_cluster=metrics_cluster)
         # A trigger needs every object, whole: a selector or a transform of the user's would hide some. A shared
         # one is asked for with for_resource, so it is watched whether or not anybody requires it.
         shareable = label_selector is None and transform in (None, drop_managed_fields)
@@ -153,6 +165,7 @@ class DiscoveringDynamicSharedInformerFactory:
         self.triggers = DiscoveryTriggers(self.trigger, providers, self.supervisor, name=name,
                                           rediscovery_interval=rediscovery_interval)
         self._loop_name = f"{name} passes"
+        self._recoveries_name = f"{name} recoveries"
         self._notifier = Notifier()
         self._listeners = GVRListeners()
         self._removal_hooks: list[RemovalHook] = []
@@ -193,6 +206,12 @@ class DiscoveringDynamicSharedInformerFactory:
             else:
                 not_synced.append(gvr)
         return synced, not_synced
+
+    def events_received(self) -> int:
+        """Watch events (bookmarks included) its running informers have received, the triggers' too: how much
+        the server has said (it goes down when an informer stops)."""
+        return sum(sum(inf.reflector.event_counts.values()) for factory in (self._inner, self._meta)
+                   for inf in factory.informers().values())
 
     def add_removal_hook(self, hook: RemovalHook) -> Callable[[], None]:
         """Await ``hook(gvr)`` before the informer of ``gvr`` is stopped and dropped; returns the unregister function.
@@ -317,6 +336,7 @@ class DiscoveringDynamicSharedInformerFactory:
                 await self.triggers.start()
             await self._first_pass()
             self.supervisor.spawn(self._loop_name, self._loop, wedge_after=self._wedge_after())
+            self.supervisor.spawn(self._recoveries_name, self._after_outages)
         except BaseException:
             await self.shutdown()
             raise
@@ -330,6 +350,7 @@ class DiscoveringDynamicSharedInformerFactory:
         """Stop the pass loop, the triggers, every informer and the listeners; end subscriptions. Idempotent."""
         self._running = False
         await self.supervisor.cancel(self._loop_name)
+        await self.supervisor.cancel(self._recoveries_name)
         await self.triggers.close()
         tasks = list(self._adopted.values())
         self._adopted.clear()
@@ -361,12 +382,25 @@ class DiscoveringDynamicSharedInformerFactory:
             self._log_failure(f"first discovery pass (attempt {attempt})", error, delay)
             await asyncio.sleep(delay)
 
+    def _period(self) -> float:
+        """How long the loop waits for a trigger before a periodic pass (module docstring)."""
+        blind = not all(self.watch_triggers and self.triggers.watching(g) for g in (CRDS, APISERVICES)) or \
+            any(st.state is GVRState.FORBIDDEN for st in self._status.values())
+        interval = self.rediscovery_interval if blind else self.full_rediscovery_interval
+        return interval * (1 + random.uniform(0, _JITTER))
+
+    async def _after_outages(self, _: TaskHandle) -> None:
+        """Ask for a pass each time the server answers again after it could not be reached."""
+        while True:
+            await self.client.answered_again(self.client.recoveries)
+            self.trigger()
+
     async def _loop(self, handle: TaskHandle) -> None:
         backoff = Backoff()
         while True:
             periodic = False
             try:
-                async with asyncio.timeout(self.rediscovery_interval):
+                async with asyncio.timeout(self._period()):
                     await self._wake.wait()
             except TimeoutError:
                 periodic = True

@@ -163,14 +163,14 @@ class Reflector:
         self._log = logger.bind(gvr=str(gvr))
         m = metrics or InformerMetrics.for_registry()
         g = str(gvr)
-        self._m_lists = m.lists.labels(g)
+        self._m_lists = m.lists.labels(m.cluster, g)
         self._m_relists = m.relists
         self._m_watches = m.watches
         self._m_errors = m.errors
         self.event_counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0, "BOOKMARK": 0}
         m.track(self, g, self.event_counts)
-        m.resource_version.labels(g).set_function(self._numeric_rv)
-        self._gvr_label = g
+        m.resource_version.labels(m.cluster, g).set_function(self._numeric_rv)
+        self._series = (m.cluster, g)
 
     def _numeric_rv(self) -> float:
         try:
@@ -242,7 +242,7 @@ class Reflector:
             kind = type(e).__name__
             self._require_relist("error")
             self._log.opt(exception=e).error("unexpected error syncing {}; relisting in {:.1f}s", self.gvr, delay)
-        self._m_errors.labels(self._gvr_label, kind).inc()
+        self._m_errors.labels(*self._series, kind).inc()
         if self._on_error is not None:
             self._on_error(e)
         return delay
@@ -272,7 +272,7 @@ class Reflector:
     def _require_relist(self, reason: str) -> None:
         if not self._need_list:
             self._need_list = True
-            self._m_relists.labels(self._gvr_label, reason).inc()
+            self._m_relists.labels(*self._series, reason).inc()
 
     def _succeeded(self) -> None:
         self.last_error = None
@@ -381,7 +381,7 @@ class Reflector:
 
     async def _stream(self, params: dict[str, str], initial: bool) -> None:
         """Consume one watch stream; returns on a normal end, raises on errors."""
-        self._m_watches.labels(self._gvr_label, "watch_list" if initial else "watch").inc()
+        self._m_watches.labels(*self._series, "watch_list" if initial else "watch").inc()
         started = time.monotonic()
         count = 0
         pending: dict[str, Obj] | None = {} if initial else None

@@ -42,7 +42,7 @@ from typing import Any, Awaitable, Callable
 
 import tenacity
 from loguru import logger
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 
 from controllers import OPEN, ControllerManager, Fence, ManagedController
 from controllers.cluster import display_name, qualified
@@ -449,13 +449,12 @@ class Syncer:
         c = self.settings.clusters
         return RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
                                secret_types=c.secret_types, include_local=c.include_local,
-                               allowed_exec_commands=c.allowed_exec_commands, sync_timeout=c.sync_timeout)
+                               allowed_exec_commands=c.allowed_exec_commands, sync_timeout=c.sync_timeout,
+                               probe_interval=c.probe_interval)
 
     def _member_factory(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
-        # A private metrics registry per member: informer series carry no cluster label, and two clusters'
-        # informers of one GVR would overwrite (and on stopping, remove) each other's.
         return self._factory(client, watch=self.settings.clusters.watch, name=f"discovery {display_name(name)}",
-                             metrics_registry=CollectorRegistry())
+                             metrics_cluster=name)
 
     def _factory(self, client: ApiClient, **kwargs: Any) -> DiscoveringDynamicSharedInformerFactory:
         """A discovering factory over ``client`` with the settings' filter, namespace, passes and field
@@ -464,7 +463,7 @@ class Syncer:
         return DiscoveringDynamicSharedInformerFactory(
             client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
             namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            check_permissions=s.check_permissions,
+            full_rediscovery_interval=s.full_rediscovery_interval, check_permissions=s.check_permissions,
             field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, **kwargs)
 
     async def _end_term(self) -> list[str]:
