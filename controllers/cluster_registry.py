@@ -36,6 +36,13 @@ Differences from the anchors, and why:
   Connected turns false as soon as a watch fails to reach the server and true as soon as the watches work again
   (the ``/version`` probe only decides for a member whose watches say nothing), and ``state`` is ``ready`` exactly
   while every condition holds (``degraded`` when one does not).
+- No polling per member at steady state: the watches are the liveness signal. A member is asked ``/version``
+  only after its watches said nothing (no event, bookmark or answer) for ``probe_interval``, above the
+  bookmark cadence and the watches' inactivity timeout by default, so only a member without a working watch
+  is ever asked (and one whose probe failed, until it answers). A cut connection shows as a watch failing to
+  reconnect; a silently dead one, once the watch's inactivity timeout reopens it.
+- The members' informer metrics are on the registry's ``metrics_registry``, labelled ``cluster`` with the
+  member's name (``""`` for the local one, as the sidecar's own informers), and leave with the member.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from informers import (
 )
 from informers.errors import describe_error
 from informers.metrics import MetricSet
+from informers.request_metrics import NO_ANSWER
 from informers.store import DeletedFinalStateUnknown, Obj
 from informers.union_lister import ClusterNotFound
 from informers.untrusted_kubeconfig import KubeconfigError, KubeconfigInvalid, client_from_untrusted_kubeconfig, \
@@ -88,7 +96,8 @@ Gate = Callable[[str], Fence | None]
 
 @dataclass(frozen=True)
 class RegistryOptions:
-    """Where the kubeconfig Secrets are and how members are brought up (``namespaces`` empty: all)."""
+    """Where the kubeconfig Secrets are and how members are brought up (``namespaces`` empty: all);
+    ``probe_interval``: how long a member's watches may say nothing before ``/version`` is asked."""
 
     namespaces: Sequence[str] = ()
     label_selectors: Sequence[str] = DEFAULT_LABEL_SELECTORS
@@ -99,7 +108,7 @@ class RegistryOptions:
     allowed_exec_commands: Sequence[str] = ()
     sync_timeout: float = 30.0
     connect_timeout: float = 10.0
-    probe_interval: float = 15.0
+    probe_interval: float = 300.0
     cleanup_timeout: float = 30.0
 
 
@@ -184,7 +193,7 @@ class ClusterRegistry:
         self.fence = fence
         self._gate: Gate = gate or (lambda _: fence)
         self.clients = ClusterClients(self, fence)
-        self._make_factory = make_factory or _default_factory
+        self._make_factory = make_factory or partial(_default_factory, metrics_registry)
         self._local_factory = local_factory
         self._supervisor = supervisor or Supervisor(name)
         self._handlers: list[ClusterHandler] = []
@@ -590,15 +599,15 @@ class ClusterRegistry:
             await asyncio.wait({old.task})  # a cancellation of ours must not reach the old member's teardown
 
     async def _probe(self, m: _Member) -> None:
-        """Keep the Connected condition current; informers reconnect by themselves. A member whose watches
-        delivered anything (bookmarks included) since the last round has shown it is there: only a quiet one is
-        asked, so a fleet's idle cost does not grow by a request per member per round."""
+        """Keep the Connected condition current; informers reconnect by themselves. A member the server said
+        anything for (a watch event or bookmark, an answer to any request) since the last round has shown it is
+        there: only a quiet one is asked, so a fleet's idle cost does not grow by a request per member."""
         assert m.client is not None
         connected = m.conditions[ConditionType.CONNECTED]
-        heard = _events_received(m)
+        heard = _heard(m)
         while True:
             await asyncio.sleep(self.options.probe_interval)
-            before, heard = heard, _events_received(m)
+            before, heard = heard, _heard(m)
             if heard != before and connected.status:
                 continue
             answers = m.client.recoveries
@@ -614,6 +623,7 @@ class ClusterRegistry:
                     self._log.info("cluster {}: reachable again", display_name(m.name))
                 connected.set(True, "Connected", connected.message if connected.reason == "Connected" else "")
                 m.probe_failed_at, m.watch_failed = None, False
+            heard = _heard(m)  # the probe's own answer says nothing about the next round
 
     async def _teardown(self, m: _Member) -> None:
         m.state = MemberState.STOPPING
@@ -726,17 +736,19 @@ class _NotOurs:
 _NOT_OURS: Fence = _NotOurs()
 
 
-def _default_factory(client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
-    # A private metrics registry: informer series are labelled by GVR only, and two clusters' informers of one
-    # GVR would overwrite (and, when one stops, remove) each other's.
+def _default_factory(metrics_registry: CollectorRegistry | None, client: ApiClient,
+                     name: str) -> DiscoveringDynamicSharedInformerFactory:
     return DiscoveringDynamicSharedInformerFactory(client, watch="required", name=f"discovery {display_name(name)}",
-                                                   metrics_registry=CollectorRegistry())
+                                                   metrics_registry=metrics_registry, metrics_cluster=name)
 
 
-def _events_received(m: _Member) -> int:
-    """Watch events (bookmarks included) the member's informers have received so far."""
-    synced, _ = m.factory.informers() if m.factory is not None else ({}, [])
-    return sum(sum(inf.reflector.event_counts.values()) for inf in synced.values())
+def _heard(m: _Member) -> tuple[int, int]:
+    """What the member's server has said so far: the watch events (bookmarks included) of its running
+    informers, and the answers to its client's requests."""
+    events = m.factory.events_received() if m.factory is not None else 0
+    answers = sum(n for (code, _), n in m.client.request_counts.codes.items() if code != NO_ANSWER) \
+        if m.client is not None else 0
+    return events, answers
 
 
 def _shown_state(m: _Member, conditions: list[Condition]) -> MemberState:

@@ -87,7 +87,9 @@ class ControllerContext:
         """The informer of a required GVR (or any GVR the source has synced); KeyError names a missing one."""
         inf = self.informers.get(gvr) or (self.source.informers()[0].get(gvr) if self.source is not None else None)
         if inf is None:
-            raise KeyError(f"controller {self.name}: no synced informer for {gvr}")
+            # The metadata-only cache is another informer: requiring the GVR does not bring it.
+            hint = " (require gvr.only_metadata() among the controller's GVRs)" if gvr.metadata_only else ""
+            raise KeyError(f"controller {self.name}: no synced informer for {gvr}{hint}")
         return inf
 
     def require_client(self) -> ApiClient:
@@ -105,8 +107,9 @@ class ControllerContext:
         return self._mapper
 
     def resource_client(self, gvr: GVR) -> ResourceClient:
-        """The ResourceClient of ``gvr`` over ``client`` (one per GVR), whose writes name the controller as
-        their field manager unless a call names another."""
+        """The ResourceClient of ``gvr`` over ``client`` (one per GVR; a ``MetadataGVR``'s is its GVR's), whose
+        writes name the controller as their field manager unless a call names another."""
+        gvr = gvr.full
         found = self._clients.get(gvr)
         if found is None:
             found = self._clients[gvr] = ResourceClient(self.require_client(), gvr, field_manager=self.name,

@@ -29,6 +29,10 @@ these differences, and why:
   only while it still carries the finalizer: the cache may still show a finalizer just removed, and one deletion
   must not be finalized twice. A failing ``finalize`` is retried like a failing reconcile; the object stays.
 - Each worker checks the context's fence locally before every item (see ``fence.py``).
+- ``metadata_only=True`` (controller-runtime's ``OnlyMetadata``) takes a source's events from the metadata-only
+  cache of its GVR (``gvr.only_metadata()``, which the ManagedController must require in place of the GVR):
+  ``PartialObjectMetadata`` objects, enough for owner references, labels and finalizers at a fraction of the
+  memory. For the primary resource ``rc.lister()`` reads that cache too; ``rc.client`` writes whole objects.
 """
 
 from __future__ import annotations
@@ -146,12 +150,27 @@ def _gvr(source: Source) -> GVR:
     return source.gvr if isinstance(source, SharedIndexInformer) else source
 
 
+def _source(name: str, source: Source, metadata_only: bool) -> Source:
+    """``source``, or its metadata-only key when ``metadata_only``; an informer must already be one then."""
+    if not metadata_only:
+        return source
+    if isinstance(source, SharedIndexInformer):
+        if not source.gvr.metadata_only:
+            raise ValueError(f"controller {name}: metadata_only=True, but the informer given caches whole {source.gvr} "
+                             "objects; pass the GVR, or an informer of gvr.only_metadata()")
+        return source
+    return source.only_metadata()
+
+
 async def _kind_of(ctx: ControllerContext, gvr: GVR) -> tuple[str, bool]:
     """The kind of ``gvr``'s objects and whether they are namespaced: from discovery, or, for a controller without
     an API client, from a cached object."""
     if ctx.client is not None:
-        info = await ctx.mapper.resource_info(gvr)
+        info = await ctx.mapper.resource_info(gvr.full)
         return info.kind, info.namespaced
+    if gvr.metadata_only:
+        raise ValueError(f"controller {ctx.name}: cannot tell the kind of {gvr} for owns() without an API client "
+                         "(its cache holds PartialObjectMetadata)")
     for obj in ctx.informer(gvr).store:
         return obj["kind"], bool(obj["metadata"].get("namespace"))
     raise ValueError(f"controller {ctx.name}: cannot tell the kind of {gvr} for owns() without an API client or "
@@ -209,32 +228,37 @@ class Controller:
 
     # -- building ----------------------------------------------------------------------------------------
     def for_(self, source: Source, predicates: Sequence[Predicate] = (), *,
-             field_selector: str | None = None) -> "Controller":
+             field_selector: str | None = None, metadata_only: bool = False) -> "Controller":
         """The primary resource: each of its objects that an event passing ``predicates`` concerns is a
         request. Once per controller. ``field_selector`` (every method takes one) keeps the events of objects
         that match it (``fields_match``): judged here, on the informer the controller shares; to have the server
-        filter, and the cache hold only those objects, set the sidecar's ``field_selectors``."""
+        filter, and the cache hold only those objects, set the sidecar's ``field_selectors``. ``metadata_only``
+        (every method takes it) reads the source's metadata-only cache (see the module docstring)."""
         if self._primary is not None:
             raise ValueError(f"controller {self.name}: for_() was already called (for {self._primary})")
+        source = _source(self.name, source, metadata_only)
         self._primary = _gvr(source)
         self._watches.append(_Watch(source, _own, _with_fields(predicates, field_selector)))
         return self
 
     def owns(self, source: Source, predicates: Sequence[Predicate] = (), *,
-             field_selector: str | None = None) -> "Controller":
+             field_selector: str | None = None, metadata_only: bool = False) -> "Controller":
         """Objects controlled by a primary object (its controller owner reference, see
         ``set_controller_reference``): an event on one, passing ``predicates``, is a request for the owner; an
         update that changes the owner is one for both, a delete one for the last owner."""
-        self._watches.append(_Watch(source, None, _with_fields(predicates, field_selector)))
+        self._watches.append(_Watch(_source(self.name, source, metadata_only), None,
+                                    _with_fields(predicates, field_selector)))
         return self
 
     def watches(self, source: Source, map_fn: MapFunc = _own, predicates: Sequence[Predicate] = (), *,
-                predicate: Callable[[Any], bool] | None = None, field_selector: str | None = None) -> "Controller":
+                predicate: Callable[[Any], bool] | None = None, field_selector: str | None = None,
+                metadata_only: bool = False) -> "Controller":
         """Any source: ``map_fn(obj)`` names the requests of an object (by default the object itself; on an
         update, both the old and the new object are mapped). ``predicate`` is the older form of a filter, a test
         of the object alone (the new one on updates)."""
         extra = (_object_predicate(predicate),) if predicate is not None else ()
-        self._watches.append(_Watch(source, map_fn, _with_fields((*predicates, *extra), field_selector)))
+        self._watches.append(_Watch(_source(self.name, source, metadata_only), map_fn,
+                                    _with_fields((*predicates, *extra), field_selector)))
         return self
 
     watch = watches

@@ -12,7 +12,7 @@ from .errors import (
 from .factory import DynamicSharedInformerFactory
 from .field_selector import FieldSelector
 from .frozen import FrozenDict, FrozenList, ReadOnlyError, deep_copy
-from .gvr import GVR
+from .gvr import GVR, MetadataGVR
 from .gvr_listeners import GVRHandler
 from .kubeconfig import ClientConfig
 from .object_shard import ObjectShard
@@ -47,7 +47,7 @@ __all__ = [
     "Supervisor", "TaskHandle", "TaskHealth", "TaskState", "drop_managed_fields", "object_key", "wait_first",
     "AlreadyExists", "Conflict", "Forbidden", "Gone", "Invalid", "NoMatchError", "NotFound", "RESTMapper",
     "ResourceClient", "TooManyRequests", "Unauthorized", "UnsupportedMediaType",
-    "FrozenDict", "FrozenList", "ReadOnlyError", "deep_copy",
+    "FrozenDict", "FrozenList", "ReadOnlyError", "deep_copy", "MetadataGVR",
     "ClusterEventHandler", "ClusterNotFound", "ClusterObject", "HandlerInstallError", "SubInformer", "UnionInformer",
     "UnionLister", "UnionRegistration",
     "KubeconfigError", "KubeconfigInvalid", "KubeconfigRefused", "client_from_untrusted_kubeconfig", "kubeconfig_hash",

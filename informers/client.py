@@ -3,10 +3,10 @@
 Configuration (kubeconfig with context selection, in-cluster service account, token credentials and their
 refresh, client certificates, CA) is read as ``kubernetes.config`` reads it (``kubeconfig.py``: without importing
 the package in the common cases, by the package for the rest); exec credential plugins are run by
-``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through one aiohttp session.
+``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through a ``transport.Transport``: HTTP/2 by default.
 Responses are decoded once with orjson into plain dicts. Every request says ``User-Agent: kube-syncer/<version>
 (<os>/<arch>)``, client-go's form: the apiserver names a write without ``fieldManager`` after the part before the
-first "/", so such writes are managed by "kube-syncer" (aiohttp's own agent would make them "Python").
+first "/", so such writes are managed by "kube-syncer", not by the HTTP library's name.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import importlib.metadata
+import os
 import platform
 import ssl
 import sys
@@ -21,13 +22,15 @@ import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Union
 
-import aiohttp
 import orjson
 
 from . import kubeconfig
 from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate
 from .errors import ApiError, FenceError
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
+# CONNECTION_ERRORS is re-exported: callers catch it from here.
+from .transport import CONNECTION_ERRORS as CONNECTION_ERRORS
+from .transport import Http1Transport, Http2Transport, Response, Transport
 
 if TYPE_CHECKING:
     import kubernetes
@@ -38,8 +41,6 @@ Configuration = Union[kubeconfig.ClientConfig, "kubernetes.client.Configuration"
 _JSON = "application/json"
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REFRESH_EVERY = 5.0
-# Failures below HTTP: the server was not reached, or the connection broke.
-CONNECTION_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 _GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386", "ppc64le": "ppc64le",
             "s390x": "s390x"}
 
@@ -66,7 +67,7 @@ class ApiClient:
     def __init__(self, configuration: Configuration, connect_timeout: float = 10.0,
                  exec_plugin: ExecPlugin | None = None, *, ca_data: str | None = None,
                  client_cert_data: str | None = None, client_key_data: str | None = None,
-                 tls_server_name: str | None = None, user_agent: str = USER_AGENT) -> None:
+                 tls_server_name: str | None = None, user_agent: str = USER_AGENT, http2: bool | None = None) -> None:
         """``exec_plugin`` supplies the credential instead of ``configuration`` (see ``from_kubeconfig``).
 
         ``ca_data`` (PEM) is trusted in addition to ``configuration.ssl_ca_cert``; ``client_cert_data`` and
@@ -74,7 +75,10 @@ class ApiClient:
         and loaded like an exec plugin's certificate (``load_client_certificate``): the kubernetes package writes
         each ``*-data`` field of a kubeconfig to a temporary file kept until the process exits, which piles up when
         clusters come and go. ``tls_server_name`` is the name the server's certificate is checked against (and
-        sent as SNI) instead of the host of the URL. ``user_agent`` is sent with every request.
+        sent as SNI) instead of the host of the URL. ``user_agent`` is sent with every request. ``http2``: speak
+        HTTP/2 to an ``https://`` server that offers it (one connection carries every request and watch), else
+        HTTP/1.1 (a connection per concurrent request); by default on unless ``$DISABLE_HTTP2`` is set to
+        anything, client-go's switch.
         """
         if (client_cert_data is None) != (client_key_data is None):
             raise ValueError("client_cert_data and client_key_data go together")
@@ -87,7 +91,8 @@ class ApiClient:
         self.user_agent = user_agent
         self.request_counts = RequestCounts(self.host)  # rest_client_* metrics, exported while the client is open
         self._connect_timeout = connect_timeout
-        self._session: aiohttp.ClientSession | None = None
+        self.http2 = not os.environ.get("DISABLE_HTTP2") if http2 is None else http2
+        self._transport: Transport | None = None
         self._session_cert: str | None = None
         self._next_refresh = 0.0
 
@@ -137,22 +142,40 @@ class ApiClient:
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl(), limit=0, enable_cleanup_closed=True)
-            self._session = aiohttp.ClientSession(
-                connector=connector, json_serialize=lambda o: orjson.dumps(o).decode(),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
-                auto_decompress=True, headers={"User-Agent": self.user_agent},
-            )
-        return self._session
+    def _get_transport(self) -> Transport:
+        if self._transport is None:
+            def http1() -> Transport:
+                return Http1Transport(self.host, self._ssl(), self._tls_server_name, self._connect_timeout,
+                                      self.user_agent)
+
+            if self.http2 and self.host.startswith("https"):
+                self._transport = Http2Transport(self.host, self._ssl_context, self._tls_server_name,
+                                                 self._connect_timeout, self.user_agent, http1)
+            else:
+                self._transport = http1()
+        return self._transport
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        context = self._ssl()
+        assert isinstance(context, ssl.SSLContext)
+        return context
+
+    @property
+    def connections(self) -> int:
+        """TCP connections this client has open to its server (busy or idle)."""
+        return self._transport.connections if self._transport is not None else 0
+
+    @property
+    def closed(self) -> bool:
+        """No connection is open and none will be until the next request."""
+        return self._transport is None
 
     async def close(self) -> None:
         """Close the session and every pooled connection; its ``rest_client_*`` series leave the metrics."""
         untrack(self.request_counts)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            await transport.close()
 
     def fenced(self, valid: Callable[[], bool], what: str = "the leadership term",
                remaining: Callable[[], float] | None = None) -> "ApiClient":
@@ -201,15 +224,15 @@ class ApiClient:
         closes every connection when an exec certificate rotates).
         """
         credential = await plugin.get(rejected)
-        if self._session is not None and credential.client_cert != self._session_cert:
-            old, self._session = self._session, None
+        if self._transport is not None and credential.client_cert != self._session_cert:
+            old, self._transport = self._transport, None
             await old.close()
         return {"Authorization": f"Bearer {credential.token}"} if credential.token else {}
 
     @asynccontextmanager
-    async def _send(self, method: str, url: str, headers: dict[str, str], guard: Callable[[], None] | None = None,
-                    **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
-        """``session.request``, sent once more with a new exec credential when the server answers 401 to one.
+    async def _send(self, method: str, path: str, headers: dict[str, str], guard: Callable[[], None] | None,
+                    **kwargs: Any) -> AsyncIterator[Response]:
+        """``_counted``, sent once more with a new exec credential when the server answers 401 to one.
 
         client-go re-runs the plugin on 401 and fails the request; sending it again (a 401 means the server did
         nothing) spares the caller an error when a token is revoked or rotated before its expiry. Only once:
@@ -219,27 +242,26 @@ class ApiClient:
         used = plugin.current if plugin is not None else None
         if guard is not None:
             guard()
-        async with self._counted(method, url, headers, kwargs) as resp:
+        async with self._counted(method, path, headers, kwargs) as resp:
             if resp.status != 401 or plugin is None:
                 yield resp
                 return
         fresh = {k: v for k, v in headers.items() if k != "Authorization"} | await self._exec_headers(plugin, used)
         if guard is not None:
             guard()
-        async with self._counted(method, url, fresh, kwargs) as resp:
+        async with self._counted(method, path, fresh, kwargs) as resp:
             yield resp
 
     @asynccontextmanager
-    async def _counted(self, method: str, url: str, headers: dict[str, str],
-                       kwargs: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
-        """``session.request``, counted in ``request_counts`` once its headers came (or it got no answer)."""
+    async def _counted(self, method: str, path: str, headers: dict[str, str],
+                       kwargs: dict[str, Any]) -> AsyncIterator[Response]:
+        """The transport's request, counted in ``request_counts`` once its headers came (or it got no answer)."""
         counts = self.request_counts
         counts.server(self.host)  # a test or a proxy may point the client elsewhere after it was made
         track(counts)
         started = time.monotonic()
         try:
-            async with self._get_session().request(method, url, headers=headers,
-                                                   server_hostname=self._tls_server_name, **kwargs) as resp:
+            async with self._get_transport().request(method, path, headers, **kwargs) as resp:
                 counts.observe(method, resp.status, started)
                 started = 0.0
                 yield resp
@@ -284,8 +306,8 @@ class ApiClient:
             data = orjson.dumps(body)
             hdrs.setdefault("Content-Type", "application/merge-patch+json" if method == "PATCH" else _JSON)
         async with self._noting_answers(self._send(
-            method, self.host + path, params=params, data=data, headers=hdrs, guard=guard,
-            timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self._connect_timeout, connect=connect_within),
+            method, path, hdrs, guard, params=params, body=data, total=timeout, read_idle=None,
+            connect_within=connect_within,
         )) as resp:
             raw = await resp.read()
             if resp.status >= 400:
@@ -294,22 +316,24 @@ class ApiClient:
 
     @asynccontextmanager
     async def stream(
-        self, path: str, params: Mapping[str, str], inactivity_timeout: float | None = None
+        self, path: str, params: Mapping[str, str], inactivity_timeout: float | None = None, *,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
         """Open a watch and yield an async iterator of decoded watch events.
 
         ``inactivity_timeout`` bounds the silence between two reads: a half-open stream raises TimeoutError
-        instead of hanging forever.
+        instead of hanging forever. ``headers`` are added to (or replace) the client's own, as in ``request``.
         """
         hdrs = await self._headers()
+        if headers:
+            hdrs.update(headers)
         async with self._noting_answers(self._send(
-            "GET", self.host + path, params=params, headers=hdrs,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
-                                          sock_read=inactivity_timeout),
+            "GET", path, hdrs, None, params=params, body=None, total=None, read_idle=inactivity_timeout,
+            connect_within=None,
         )) as resp:
             if resp.status >= 400:
                 raise _error(resp, await resp.read())
-            yield _events(resp.content)
+            yield _events(resp)
 
     # -- "the server answered again" ---------------------------------------------------------------------
     # Class-level defaults, shadowed per instance by the first change.
@@ -336,8 +360,8 @@ class ApiClient:
 
     @asynccontextmanager
     async def _noting_answers(
-        self, sending: AbstractAsyncContextManager[aiohttp.ClientResponse]
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        self, sending: AbstractAsyncContextManager[Response]
+    ) -> AsyncIterator[Response]:
         """``sending``'s response; notes a connection error, or the first success after one (a ``recoveries``).
 
         Only a success counts as the server answering again: a server still starting answers 403, 429 or 503
@@ -389,8 +413,8 @@ class _FencedClient(ApiClient):
         return await self._inner._request_bytes(method, path, params, body, headers, timeout, guard, within)
 
     def stream(self, path: str, params: Mapping[str, str],
-               inactivity_timeout: float | None = None) -> Any:
-        return self._inner.stream(path, params, inactivity_timeout)
+               inactivity_timeout: float | None = None, *, headers: Mapping[str, str] | None = None) -> Any:
+        return self._inner.stream(path, params, inactivity_timeout, headers=headers)
 
     @property
     def recoveries(self) -> int:
@@ -403,12 +427,13 @@ class _FencedClient(ApiClient):
         return None
 
 
-async def _events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
-    # Splitting lines ourselves: aiohttp's readline caps line length, and objects can be megabytes.
+async def _events(resp: Response) -> AsyncIterator[dict[str, Any]]:
+    # Splitting lines ourselves: objects can be megabytes, and one chunk may hold many events.
     pending: list[bytes] = []
     loads = orjson.loads
+    readany = resp.readany
     while True:
-        chunk = await content.readany()
+        chunk = await readany()
         if not chunk:
             return
         view = memoryview(chunk)
@@ -427,11 +452,11 @@ async def _events(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]
             pending.append(chunk[start:])
 
 
-def _error(resp: aiohttp.ClientResponse, raw: bytes) -> ApiError:
+def _error(resp: Response, raw: bytes) -> ApiError:
     retry_after = None
-    if "Retry-After" in resp.headers:
+    if (value := resp.header("Retry-After")) is not None:
         try:
-            retry_after = float(resp.headers["Retry-After"])
+            retry_after = float(value)
         except ValueError:
             pass
     try:

@@ -1,8 +1,12 @@
 """DiscoveringDynamicSharedInformerFactory: one running, synced informer per GVR the server serves.
 
 Discovery passes run at start, whenever a CRD or APIService changes (``discovery_triggers``), when an
-informer's watch answers 404, and periodically as a safety net (the only trigger when the user may not watch
-CRDs/APIServices). Each pass starts informers for new GVRs, stops those whose GVR vanished, and replaces an
+informer's watch answers 404, when the server answers again after an outage (it may have been upgraded, and
+serve other built-in APIs), and periodically. The period is short (``rediscovery_interval``) while a pass is the
+only way to see a change: a trigger cannot watch (no permission), or ``check_permissions`` found a GVR forbidden
+(RBAC is not watched). Otherwise the events say when to look, and the periodic pass is only a slow safety net
+(``full_rediscovery_interval``, jittered so that a fleet's members do not pass together): an idle member costs
+no discovery requests. Each pass starts informers for new GVRs, stops those whose GVR vanished, and replaces an
 informer whose CRD was deleted and recreated (new uid) between passes. Subscribers are notified on every
 change of the set and whenever an informer becomes synced; GVR handlers (``gvr_listeners``) get precise
 per-GVR events; ``check_permissions`` asks ``access_review`` before watching.
@@ -24,6 +28,10 @@ everything (``status()`` shows it all) but starts informers only for the GVRs so
 nobody requires any more is stopped like a vanished one (removal hooks first) by the pass its ``release``
 triggers; a newly required GVR that the last pass found served and permitted is started at once, so its
 consumer does not wait for that pass. ``watch="all"`` (the default) accepts the same calls and ignores them.
+
+A metadata-only informer (key ``gvr.only_metadata()``) is a cache apart from its GVR's, in either mode started
+only when required or asked for, while its GVR is served and permitted, and stopped with it (removal hooks
+first, under its own key). Discovery, filters, permissions and CRD identity are its GVR's.
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, get_args
 
 from loguru import logger
@@ -62,6 +71,7 @@ WatchMode = Literal["all", "required"]
 _EXPECTED_ERRORS = (ApiError, *CONNECTION_ERRORS)
 _PASS_SLACK = 10.0  # a pass's own work besides its bounded waits, generously
 _NOT_REQUIRED = "not required by any controller"
+_JITTER = 0.2  # a periodic pass waits its interval plus up to this fraction of it (client-go's wait.Jitter)
 # ``explain``'s answer for a GVR that a CRD or an APIService is about to serve: waiting for it is normal.
 NOT_SERVED_YET = "not served yet: its CRD or APIService does not serve it yet"
 
@@ -104,7 +114,9 @@ class DiscoveringDynamicSharedInformerFactory:
 
     ``await start()`` runs the first discovery pass (retrying until it succeeds) before returning; ``await
     shutdown()`` stops everything. ``filter`` selects GVRs; ``check_permissions`` drops GVRs the user may not
-    list+watch (via SelfSubjectAccessReview); ``rediscovery_interval`` is the periodic safety net;
+    list+watch (via SelfSubjectAccessReview); ``rediscovery_interval`` is the period of passes while only a pass
+    can see a change, ``full_rediscovery_interval`` the safety net's otherwise (module docstring; the longer of
+    the two); the informers' metrics are labelled ``cluster=metrics_cluster``;
     ``field_selectors`` has the server filter the informer of a GVR (``DynamicSharedInformerFactory``). Background
     tasks run under ``supervisor`` (its own if none is given), named after ``name``.
     """
@@ -113,10 +125,11 @@ class DiscoveringDynamicSharedInformerFactory:
         self, client: ApiClient, *, filter: ResourceFilter | None = None, namespace: str | None = None,
         label_selector: str | None = None, indexers: Mapping[str, IndexFunc] | None = None,
         transform: Transform | None = drop_managed_fields, options: ReflectorOptions | None = None,
-        rediscovery_interval: float = 60.0, check_permissions: bool = False, watch_triggers: bool = True,
+        rediscovery_interval: float = 60.0, full_rediscovery_interval: float = 600.0,
+        check_permissions: bool = False, watch_triggers: bool = True,
         min_pass_interval: float = 0.1, metrics_registry: CollectorRegistry | None = None,
         supervisor: Supervisor | None = None, removal_timeout: float = 30.0, name: str = "discovery",
-        watch: WatchMode = "all", field_selectors: Mapping[GVR, str] | None = None,
+        watch: WatchMode = "all", field_selectors: Mapping[GVR, str] | None = None, metrics_cluster: str = "",
     ) -> None:
         if watch not in get_args(WatchMode):  # a mistyped mode from a settings file would mean "all", silently
             raise ValueError(f"watch must be one of {', '.join(get_args(WatchMode))}, not {watch!r}")
@@ -127,6 +140,7 @@ class DiscoveringDynamicSharedInformerFactory:
             self.filter.namespaced_only = True
         self.namespace = namespace
         self.rediscovery_interval = rediscovery_interval
+        self.full_rediscovery_interval = max(full_rediscovery_interval, rediscovery_interval)
         self.check_permissions = check_permissions
         self.watch_triggers = watch_triggers
         self.min_pass_interval = min_pass_interval
@@ -138,8 +152,10 @@ class DiscoveringDynamicSharedInformerFactory:
         self.last_pass: DiscoveryResult | None = None
         self._inner = DynamicSharedInformerFactory(
             client, namespace=namespace, label_selector=label_selector, indexers=indexers, transform=transform,
-            options=options, metrics_registry=metrics_registry, field_selectors=field_selectors)
-        self._meta = DynamicSharedInformerFactory(client, options=options, metrics_registry=metrics_registry)
+            options=options, metrics_registry=metrics_registry, field_selectors=field_selectors,
+            metrics_cluster=metrics_cluster)
+        self._meta = DynamicSharedInformerFactory(client, options=options, metrics_registry=metrics_registry,
+                                                  metrics_cluster=metrics_cluster)
         # A trigger needs every object, whole: a selector or a transform of the user's would hide some. A shared
         # one is asked for with for_resource, so it is watched whether or not anybody requires it.
         shareable = label_selector is None and transform in (None, drop_managed_fields)
@@ -149,6 +165,7 @@ class DiscoveringDynamicSharedInformerFactory:
         self.triggers = DiscoveryTriggers(self.trigger, providers, self.supervisor, name=name,
                                           rediscovery_interval=rediscovery_interval)
         self._loop_name = f"{name} passes"
+        self._recoveries_name = f"{name} recoveries"
         self._notifier = Notifier()
         self._listeners = GVRListeners()
         self._removal_hooks: list[RemovalHook] = []
@@ -158,6 +175,7 @@ class DiscoveringDynamicSharedInformerFactory:
         self._adopted: dict[GVR, asyncio.Task[None]] = {}  # started informers -> their sync announcement
         self._removing: set[GVR] = set()
         self._status: dict[GVR, GVRStatus] = {}
+        self._permitted: set[GVR] = set()  # served, selected and permitted at the last pass
         self._wake = asyncio.Event()
         self._running = False
         self._last_pass_started = 0.0
@@ -188,6 +206,12 @@ class DiscoveringDynamicSharedInformerFactory:
             else:
                 not_synced.append(gvr)
         return synced, not_synced
+
+    def events_received(self) -> int:
+        """Watch events (bookmarks included) its running informers have received, the triggers' too: how much
+        the server has said (it goes down when an informer stops)."""
+        return sum(sum(inf.reflector.event_counts.values()) for factory in (self._inner, self._meta)
+                   for inf in factory.informers().values())
 
     def add_removal_hook(self, hook: RemovalHook) -> Callable[[], None]:
         """Await ``hook(gvr)`` before the informer of ``gvr`` is stopped and dropped; returns the unregister function.
@@ -245,11 +269,13 @@ class DiscoveringDynamicSharedInformerFactory:
 
     def _required_changed(self, before: set[GVR]) -> None:
         required = self._required()
-        if self.watch == "all" or not self._running or required == before:
+        changed = required ^ before
+        if self.watch == "all":
+            changed = {g for g in changed if g.metadata_only}  # the only ones "all" does not watch anyway
+        if not self._running or not changed:
             return  # before start, the first pass reads the requirements
         # The last pass found these watchable: their consumer need not wait for the next one to say so again.
-        idle = {g for g, st in self._status.items() if st.state is GVRState.IDLE}
-        started = (required - before) & (idle - self._inner.informers().keys())
+        started = {g for g in changed & required if g.full in self._permitted} - self._inner.informers().keys()
         for gvr in started:
             self._adopt(gvr)
         if started:
@@ -257,11 +283,13 @@ class DiscoveringDynamicSharedInformerFactory:
         self.trigger()
 
     def status(self) -> list[GVRStatus]:
-        """Every GVR seen by the last pass, with its current state."""
+        """Every GVR seen by the last pass, with its current state; a watched metadata-only key follows its GVR."""
         out = []
         informers = self._inner.informers()
         stale = self.last_pass.stale_group_versions if self.last_pass else set()
-        for gvr, st in sorted(self._status.items()):
+        entries = [*self._status.items(), *((g, replace(self._status[g.full], gvr=g))
+                                            for g in self._adopted if g.metadata_only and g.full in self._status)]
+        for gvr, st in sorted(entries, key=lambda e: (e[0], e[0].metadata_only)):
             inf = informers.get(gvr)
             if inf is not None and gvr in self._adopted:
                 if gvr.group_version in stale:
@@ -280,13 +308,13 @@ class DiscoveringDynamicSharedInformerFactory:
         (or the first pass has not run)."""
         if self.last_pass is None or gvr in self._inner.informers():
             return None
-        st = self._status.get(gvr)
+        st = self._status.get(gvr.full)
         if st is None:
             crd = (self.triggers.crds() or {}).get((gvr.group, gvr.resource))
             if crd is not None and (not crd.established or gvr.version in crd.served) or \
                     gvr.group_version in self.triggers.aggregated_group_versions():
                 return NOT_SERVED_YET
-            return not_served(gvr, self.last_pass.resources)
+            return not_served(gvr.full, self.last_pass.resources)
         if st.state in (GVRState.EXCLUDED, GVRState.FORBIDDEN, GVRState.IDLE):
             return f"{st.state.value}: {st.reason}"
         return None
@@ -308,6 +336,7 @@ class DiscoveringDynamicSharedInformerFactory:
                 await self.triggers.start()
             await self._first_pass()
             self.supervisor.spawn(self._loop_name, self._loop, wedge_after=self._wedge_after())
+            self.supervisor.spawn(self._recoveries_name, self._after_outages)
         except BaseException:
             await self.shutdown()
             raise
@@ -321,6 +350,7 @@ class DiscoveringDynamicSharedInformerFactory:
         """Stop the pass loop, the triggers, every informer and the listeners; end subscriptions. Idempotent."""
         self._running = False
         await self.supervisor.cancel(self._loop_name)
+        await self.supervisor.cancel(self._recoveries_name)
         await self.triggers.close()
         tasks = list(self._adopted.values())
         self._adopted.clear()
@@ -352,12 +382,25 @@ class DiscoveringDynamicSharedInformerFactory:
             self._log_failure(f"first discovery pass (attempt {attempt})", error, delay)
             await asyncio.sleep(delay)
 
+    def _period(self) -> float:
+        """How long the loop waits for a trigger before a periodic pass (module docstring)."""
+        blind = not all(self.watch_triggers and self.triggers.watching(g) for g in (CRDS, APISERVICES)) or \
+            any(st.state is GVRState.FORBIDDEN for st in self._status.values())
+        interval = self.rediscovery_interval if blind else self.full_rediscovery_interval
+        return interval * (1 + random.uniform(0, _JITTER))
+
+    async def _after_outages(self, _: TaskHandle) -> None:
+        """Ask for a pass each time the server answers again after it could not be reached."""
+        while True:
+            await self.client.answered_again(self.client.recoveries)
+            self.trigger()
+
     async def _loop(self, handle: TaskHandle) -> None:
         backoff = Backoff()
         while True:
             periodic = False
             try:
-                async with asyncio.timeout(self.rediscovery_interval):
+                async with asyncio.timeout(self._period()):
                     await self._wake.wait()
             except TimeoutError:
                 periodic = True
@@ -436,7 +479,9 @@ class DiscoveringDynamicSharedInformerFactory:
         desired = permitted if self.watch == "all" else {g: uid for g, uid in permitted.items() if g in wanted}
         for gvr in permitted.keys() - desired.keys():
             status[gvr].state, status[gvr].reason = GVRState.IDLE, _NOT_REQUIRED
+        desired = desired | {g: permitted[g.full] for g in wanted if g.metadata_only and g.full in permitted}
         self._status = status
+        self._permitted = set(permitted)
         changed = await self._reconcile(desired)
         self._log.debug("discovery pass {} ({}): {} GVRs served, {} watched, {} requests, {:.0f} ms",
                         self.passes, "periodic" if periodic else "triggered", len(result.resources), len(desired),
@@ -453,7 +498,7 @@ class DiscoveringDynamicSharedInformerFactory:
             if gvr in self._explicit:
                 continue
             if gvr not in desired:
-                st = self._status.get(gvr)
+                st = self._status.get(gvr.full)
                 removals[gvr] = st.reason if st is not None and st.reason else "no longer served"
             elif desired[gvr] and self._identity.get(gvr) not in ("", None, desired[gvr]):
                 removals[gvr] = "its CRD was recreated with a new uid"

@@ -8,7 +8,7 @@ passes from the one an informer was started for, and it outruns discovery when a
 
 The informers come from a provider: the factory's own (shared) informer when its filter watches CRDs or
 APIServices anyway, so each is cached once, else a private one. Without permission to watch them the
-factory relies on its periodic pass; a trigger that cannot watch yet because the server is unreachable
+factory relies on its periodic pass, at its short period; a trigger that cannot watch yet because the server is unreachable
 does not hold up the start, keeps trying, and asks for a pass once it has synced.
 """
 
@@ -142,6 +142,7 @@ class DiscoveryTriggers:
                               w.informer.last_error, self.rediscovery_interval)
             del self._watches[w.gvr]
             await w.provider.stop_resource(w.gvr)
+            self.fire()  # the pass loop waits the short period from now on
             return
         w.answered.set()
         if w.missed:

@@ -1,4 +1,7 @@
-"""DynamicSharedInformerFactory: one shared informer per GVR, created on demand, stoppable one by one."""
+"""DynamicSharedInformerFactory: one shared informer per GVR, created on demand, stoppable one by one.
+
+A ``MetadataGVR`` (``gvr.only_metadata()``) is a key of its own: its informer, next to the GVR's, caches only
+metadata, under the GVR's options (field selector included)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ class DynamicSharedInformerFactory:
     ``field_selectors`` the informer of one GVR (instead of ``field_selector``: controller-runtime's per-object
     cache option, ``ByObject[...].Field``). ``indexers`` and
     ``transform`` apply to every informer created; the default transform drops ``metadata.managedFields``
-    (pass ``transform=None`` to keep them).
+    (pass ``transform=None`` to keep them). The informers' metrics go to ``metrics_registry`` labelled
+    ``cluster=metrics_cluster`` (see ``InformerMetrics``).
     """
 
     def __init__(
@@ -32,6 +36,7 @@ class DynamicSharedInformerFactory:
         field_selector: str | None = None, indexers: Mapping[str, IndexFunc] | None = None,
         transform: Transform | None = drop_managed_fields, options: ReflectorOptions | None = None,
         metrics_registry: CollectorRegistry | None = None, field_selectors: Mapping[GVR, str] | None = None,
+        metrics_cluster: str = "",
     ) -> None:
         self.client = client
         self.namespace = namespace
@@ -41,7 +46,7 @@ class DynamicSharedInformerFactory:
         self.indexers = dict(indexers or {})
         self.transform = transform
         self.options = options or ReflectorOptions()
-        self.metrics = InformerMetrics.for_registry(metrics_registry)
+        self.metrics = InformerMetrics.for_registry(metrics_registry).for_cluster(metrics_cluster)
         self._informers: dict[GVR, SharedIndexInformer] = {}
 
     def for_resource(self, gvr: GVR) -> tuple[SharedIndexInformer, Lister]:
@@ -50,7 +55,7 @@ class DynamicSharedInformerFactory:
         if inf is None:
             inf = self._informers[gvr] = SharedIndexInformer(
                 self.client, gvr, namespace=self.namespace, label_selector=self.label_selector,
-                field_selector=self.field_selectors.get(gvr, self.field_selector), indexers=self.indexers,
+                field_selector=self.field_selectors.get(gvr.full, self.field_selector), indexers=self.indexers,
                 transform=self.transform,
                 options=self.options, metrics=self.metrics,
             )

@@ -17,6 +17,7 @@ class GVR(NamedTuple):
     ``str(gvr)`` is kubectl's ``resource.version.group`` form (``widgets.v1.example.com``, ``configmaps.v1``),
     which ``GVR.parse`` reads back; ``parse`` also accepts ``group/version/resource`` and ``version/resource``,
     and rejects what cannot name a collection (upper case, a Kind, a version with dots) instead of guessing.
+    ``gvr.only_metadata()`` names the metadata-only cache of the collection (``MetadataGVR``).
     """
 
     group: str
@@ -63,6 +64,20 @@ class GVR(NamedTuple):
         return f"{self.resource}.{self.version}.{self.group}" if self.group else f"{self.resource}.{self.version}"
 
     @property
+    def metadata_only(self) -> bool:
+        """Whether this names the metadata-only cache of the collection (``only_metadata()``)."""
+        return False
+
+    @property
+    def full(self) -> "GVR":
+        """The collection with whole objects: the GVR that discovery, clients and RESTMappers know."""
+        return self
+
+    def only_metadata(self) -> "MetadataGVR":
+        """The key of this collection's metadata-only cache (controller-runtime's ``OnlyMetadata``)."""
+        return MetadataGVR(*self)
+
+    @property
     def group_version(self) -> str:
         """``group/version``, or just ``version`` for the core group."""
         return f"{self.group}/{self.version}" if self.group else self.version
@@ -74,3 +89,38 @@ class GVR(NamedTuple):
             base += f"/namespaces/{namespace}"
         base += f"/{self.resource}"
         return f"{base}/{name}" if name else base
+
+
+class MetadataGVR(GVR):
+    """A GVR whose informer caches only ``PartialObjectMetadata`` (apiVersion ``meta.k8s.io/v1``, kind and
+    ``metadata``), listed and watched with the apiserver's ``as=PartialObjectMetadata`` content negotiation.
+
+    It is a different key from its GVR (unequal, hashed apart): a factory or a controller manager may hold the
+    full and the metadata-only cache of one collection side by side, and requiring one never satisfies the other.
+    Everything else (fields, ``path``, ``group_version``) is the GVR's; ``str`` adds `` (metadata)``.
+    """
+
+    __slots__ = ()
+
+    @property
+    def metadata_only(self) -> bool:
+        return True
+
+    @property
+    def full(self) -> GVR:
+        return GVR(*self)
+
+    def only_metadata(self) -> "MetadataGVR":
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is MetadataGVR and tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((MetadataGVR, *self))
+
+    def __str__(self) -> str:
+        return f"{GVR.__str__(self)} (metadata)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import copy
 import itertools
 import weakref
 from typing import Any, Iterable, Iterator, TypeVar
@@ -63,23 +64,29 @@ class _EventCollector:
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily("informer_events_total", "Watch events received, by type.",
-                                     labels=["gvr", "type"])
-        totals: dict[tuple[str, str], int] = {}
-        for gvr, counts in list(self.metrics._owners.values()):
+                                     labels=["cluster", "gvr", "type"])
+        totals: dict[tuple[str, str, str], int] = {}
+        for (cluster, gvr), counts in list(self.metrics._owners.values()):
             for typ, n in counts.items():
-                totals[(gvr, typ)] = totals.get((gvr, typ), 0) + n
-        for (gvr, typ), n in sorted(totals.items()):
-            family.add_metric([gvr, typ], n)
+                totals[(cluster, gvr, typ)] = totals.get((cluster, gvr, typ), 0) + n
+        for labels, n in sorted(totals.items()):
+            family.add_metric(list(labels), n)
         yield family
 
 
 class InformerMetrics(MetricSet):
     """The informer metric families; get the shared instance of a registry with ``InformerMetrics.for_registry``.
 
-    Every family is labelled by GVR. The series of a GVR live while an informer of it does (from ``track`` to
-    ``forget``): a process that watches CRDs as they come and go would otherwise keep every GVR it ever saw on
-    /metrics. A GVR watched again starts its counters from zero, which Prometheus reads as a counter reset.
+    Every family is labelled by ``cluster`` and GVR: ``for_cluster(name)`` gives the view whose informers' series
+    carry ``cluster=name``, so the informers of a fleet's members share the process's registry without
+    colliding. The cluster the process connects to is ``""``, which Prometheus stores as no label at all: a
+    single-cluster process keeps the series it always had. The series of a (cluster, GVR) live while an informer
+    of it does (from ``track`` to ``forget``): a process that watches CRDs, or members, as they come and go would
+    otherwise keep every one it ever saw on /metrics. One watched again starts its counters from zero, which
+    Prometheus reads as a counter reset.
     """
+
+    cluster = ""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
@@ -90,7 +97,8 @@ class InformerMetrics(MetricSet):
                                      "Full resynchronisations from the server, by reason.", "reason")
         # Watch events are counted in plain integers on each reflector and exposed at scrape time: a
         # prometheus_client Counter.inc() per event would cost a sizeable part of handling the event.
-        self._owners: "weakref.WeakKeyDictionary[Any, tuple[str, dict[str, int]]]" = weakref.WeakKeyDictionary()
+        self._owners: "weakref.WeakKeyDictionary[Any, tuple[tuple[str, str], dict[str, int]]]" = \
+            weakref.WeakKeyDictionary()
         registry.register(_EventCollector(self))
         self.errors = self._per_gvr(Counter, "informer_errors_total", "List/watch failures, by kind.", "kind")
         self.resource_version = self._per_gvr(Gauge, "informer_last_resource_version",
@@ -101,24 +109,34 @@ class InformerMetrics(MetricSet):
                                                  "Events waiting for one handler.", "handler")
 
     def _per_gvr(self, kind: type[_F], name: str, documentation: str, *labels: str) -> _F:
-        names = ("gvr", *labels)
+        names = ("cluster", "gvr", *labels)
         family = kind(name, documentation, names, registry=self.registry)
         self._families.append((family, names))
         return family
 
+    def for_cluster(self, cluster: str) -> "InformerMetrics":
+        """The view of these families whose series are labelled ``cluster=cluster`` (same registry, same
+        series bookkeeping)."""
+        if cluster == self.cluster:
+            return self
+        view = copy.copy(self)
+        view.cluster = cluster
+        return view
+
     def track(self, owner: object, gvr: str, event_counts: dict[str, int]) -> None:
-        """Count ``owner``'s watch events (``event_counts``, by type) under ``gvr``, and keep ``gvr``'s series
-        until ``owner`` and every other owner of ``gvr`` are forgotten."""
-        self._owners[owner] = (gvr, event_counts)
+        """Count ``owner``'s watch events (``event_counts``, by type) under this view's cluster and ``gvr``, and
+        keep their series until ``owner`` and every other owner of them are forgotten."""
+        self._owners[owner] = ((self.cluster, gvr), event_counts)
 
     def forget(self, owner: object) -> None:
-        """Stop counting ``owner``'s events; if it was the last owner of its GVR, remove every series of the GVR
-        (no-op for an unknown or already forgotten owner)."""
+        """Stop counting ``owner``'s events; if it was the last owner of its (cluster, GVR), remove every series
+        of them (no-op for an unknown or already forgotten owner)."""
         entry = self._owners.pop(owner, None)
-        if entry is None or any(gvr == entry[0] for gvr, _ in self._owners.values()):
+        if entry is None or any(key == entry[0] for key, _ in self._owners.values()):
             return
         for family, names in self._families:
             stale = {tuple(sample.labels[n] for n in names) for metric in family.collect()
-                     for sample in metric.samples if sample.labels.get("gvr") == entry[0]}
+                     for sample in metric.samples
+                     if (sample.labels.get("cluster"), sample.labels.get("gvr")) == entry[0]}
             for values in stale:
                 family.remove(*values)

@@ -36,6 +36,12 @@ Where it differs from client-go, and why:
   and API errors are never cut short, so a watch that keeps failing backs off as usual instead of spinning.
 - Nothing but cancellation ends ``run``: an error listener, the sink or the error handling itself raising is
   logged, and the reflector carries on (client-go's equivalent, a panic, is also recovered and retried).
+
+A ``MetadataGVR`` is listed and watched as client-go's metadata client does: ``Accept`` asks for
+``PartialObjectMetadataList`` (LIST) or ``PartialObjectMetadata`` (WATCH, watch-list) and then plain JSON. The
+apiserver takes the first clause the endpoint can serve and answers 406 only when none is left, so a server
+that cannot make the transform sends whole objects instead, and those are cut down to their metadata here
+(client-go decodes them into ``PartialObjectMetadata``). Recovery is the same as for whole objects.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import random
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from loguru import logger
 
@@ -65,6 +71,16 @@ _WATCH_LIST_REFUSED = {400, 405, 415, 422, 501}
 _PROBE_PATH = "/readyz"
 _PROBE_INTERVAL = 1.0
 _probe_locks: "weakref.WeakKeyDictionary[ApiClient, asyncio.Lock]" = weakref.WeakKeyDictionary()
+_PARTIAL_API_VERSION, _PARTIAL_KIND = "meta.k8s.io/v1", "PartialObjectMetadata"
+_METADATA_LIST_ACCEPT = f"application/json;as={_PARTIAL_KIND}List;g=meta.k8s.io;v=v1,application/json"
+_METADATA_WATCH_ACCEPT = f"application/json;as={_PARTIAL_KIND};g=meta.k8s.io;v=v1,application/json"
+
+
+def as_partial_object_metadata(obj: Obj) -> Obj:
+    """``obj`` as a ``PartialObjectMetadata`` (itself when it is one already)."""
+    if obj.get("kind") == _PARTIAL_KIND:
+        return obj
+    return {"apiVersion": _PARTIAL_API_VERSION, "kind": _PARTIAL_KIND, "metadata": obj.get("metadata") or {}}
 
 
 class ReflectorSink(Protocol):
@@ -129,6 +145,13 @@ class Reflector:
         # Applied as each object is decoded, so that what it drops (managedFields) never piles up in a big
         # list or the watch-list's pending set: freed later, that memory would stay with the process.
         self._transform = transform
+        self._list_kwargs: dict[str, Any] = {}  # only a MetadataGVR's requests carry headers of their own
+        self._watch_kwargs: dict[str, Any] = {}
+        if gvr.metadata_only:
+            self._list_kwargs = {"headers": {"Accept": _METADATA_LIST_ACCEPT}}
+            self._watch_kwargs = {"headers": {"Accept": _METADATA_WATCH_ACCEPT}}
+            self._transform = as_partial_object_metadata if transform is None else \
+                lambda obj: transform(as_partial_object_metadata(obj))
         self._rv_unavailable = False
         self._paginated_result = False  # the first list at "0" came in pages: the server has no watch cache
         self._need_list = True
@@ -140,14 +163,14 @@ class Reflector:
         self._log = logger.bind(gvr=str(gvr))
         m = metrics or InformerMetrics.for_registry()
         g = str(gvr)
-        self._m_lists = m.lists.labels(g)
+        self._m_lists = m.lists.labels(m.cluster, g)
         self._m_relists = m.relists
         self._m_watches = m.watches
         self._m_errors = m.errors
         self.event_counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0, "BOOKMARK": 0}
         m.track(self, g, self.event_counts)
-        m.resource_version.labels(g).set_function(self._numeric_rv)
-        self._gvr_label = g
+        m.resource_version.labels(m.cluster, g).set_function(self._numeric_rv)
+        self._series = (m.cluster, g)
 
     def _numeric_rv(self) -> float:
         try:
@@ -219,7 +242,7 @@ class Reflector:
             kind = type(e).__name__
             self._require_relist("error")
             self._log.opt(exception=e).error("unexpected error syncing {}; relisting in {:.1f}s", self.gvr, delay)
-        self._m_errors.labels(self._gvr_label, kind).inc()
+        self._m_errors.labels(*self._series, kind).inc()
         if self._on_error is not None:
             self._on_error(e)
         return delay
@@ -249,7 +272,7 @@ class Reflector:
     def _require_relist(self, reason: str) -> None:
         if not self._need_list:
             self._need_list = True
-            self._m_relists.labels(self._gvr_label, reason).inc()
+            self._m_relists.labels(*self._series, reason).inc()
 
     def _succeeded(self) -> None:
         self.last_error = None
@@ -289,7 +312,7 @@ class Reflector:
         while True:
             self._m_lists.inc()
             try:
-                page = await self.client.request("GET", self.path, params)
+                page = await self.client.request("GET", self.path, params, **self._list_kwargs)
             except ApiError as e:
                 if "continue" in params and e.is_gone:
                     # The continue token expired mid-way: one unpaged list at the same RV instead.
@@ -358,7 +381,7 @@ class Reflector:
 
     async def _stream(self, params: dict[str, str], initial: bool) -> None:
         """Consume one watch stream; returns on a normal end, raises on errors."""
-        self._m_watches.labels(self._gvr_label, "watch_list" if initial else "watch").inc()
+        self._m_watches.labels(*self._series, "watch_list" if initial else "watch").inc()
         started = time.monotonic()
         count = 0
         pending: dict[str, Obj] | None = {} if initial else None
@@ -366,7 +389,8 @@ class Reflector:
         transform = self._transform
         shard = self.shard
         counts = self.event_counts
-        async with self.client.stream(self.path, params, self.options.inactivity_timeout) as events:
+        async with self.client.stream(self.path, params, self.options.inactivity_timeout,
+                                      **self._watch_kwargs) as events:
             # Watching again: the last failure no longer describes the informer (it shows in status and
             # per-cluster readiness until now).
             self.last_error = None

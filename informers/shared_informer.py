@@ -197,6 +197,7 @@ class SharedIndexInformer:
         self._read_only = read_only_cache()
         self._metrics = metrics or InformerMetrics.for_registry()
         self._gvr_label = str(gvr)
+        self._series = (self._metrics.cluster, self._gvr_label)  # the label values of its metric series
         self._registrations: list[HandlerRegistration] = []
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -207,7 +208,7 @@ class SharedIndexInformer:
             options=options, metrics=self._metrics, on_error=self._reflector_error,
             transform=_then_freeze(transform) if self._read_only else transform, shard=shard,
         )
-        self._metrics.objects.labels(self._gvr_label).set_function(lambda: len(self.store))
+        self._metrics.objects.labels(*self._series).set_function(lambda: len(self.store))
 
     # -- state -------------------------------------------------------------------------------------------
     def has_synced(self) -> bool:
@@ -267,7 +268,7 @@ class SharedIndexInformer:
                 reg._enqueue((_ADD, obj, True))
             reg._enqueue((_SYNCED, None, None))
         self._registrations.append(reg)
-        self._metrics.handler_queue_depth.labels(self._gvr_label, reg_name).set_function(lambda: reg.queue_depth)
+        self._metrics.handler_queue_depth.labels(*self._series, reg_name).set_function(lambda: reg.queue_depth)
         if self._task is not None:
             reg._start()
         return reg
@@ -279,7 +280,7 @@ class SharedIndexInformer:
         self._registrations.remove(registration)
         if not any(r.name == registration.name for r in self._registrations):
             try:
-                self._metrics.handler_queue_depth.remove(self._gvr_label, registration.name)
+                self._metrics.handler_queue_depth.remove(*self._series, registration.name)
             except KeyError:
                 pass
         await registration._stop()
@@ -341,7 +342,7 @@ class SharedIndexInformer:
                 reg._enqueue((_DELETE, tomb, None))
         if initial:
             self._synced.set()
-            self._metrics.synced.labels(self._gvr_label).set(1)
+            self._metrics.synced.labels(*self._series).set(1)
             for reg in regs:
                 reg._enqueue((_SYNCED, None, None))
 

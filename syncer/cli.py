@@ -70,9 +70,10 @@ def _client(settings: Settings) -> ApiClient:
             raise UsageError(f"{where}{origin} does not exist; set the 'kubeconfig' setting or --kubeconfig, or "
                              "in_cluster = true inside a pod")
     try:
-        if settings.in_cluster:
-            return ApiClient.in_cluster()
-        return ApiClient.from_kubeconfig(settings.kubeconfig or None, settings.context or None)
+        client = (ApiClient.in_cluster() if settings.in_cluster else
+                  ApiClient.from_kubeconfig(settings.kubeconfig or None, settings.context or None))
+        client.http2 = settings.http2 and client.http2
+        return client
     except Exception as e:  # the loader raises anything from ConfigException to TypeError on a bad file
         from kubernetes.config.config_exception import ConfigException  # this error path only
 
@@ -308,9 +309,9 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
             if why:
                 logger.warning("controller {} requires {}, which the settings exclude ({}): it would wait forever; "
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
-            elif served is not None and gvr not in served:
+            elif served is not None and gvr.full not in served:
                 logger.warning("controller {} requires {}, which the API server {} does not serve ({}): it would "
-                               "wait until it does", name, gvr, host, not_served(gvr, served))
+                               "wait until it does", name, gvr, host, not_served(gvr.full, served))
     fleet = sorted(controllers.fleet)
     components = sorted(c.name for c in controllers.components)
     _refuse_fleet_with_sharding(settings, controllers)

@@ -41,7 +41,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from loguru import logger
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 
 from controllers import OPEN, ControllerManager, Fence, ManagedController
 from controllers.cluster import display_name, qualified
@@ -514,15 +514,13 @@ def registry_options(settings: Settings) -> RegistryOptions:
     c = settings.clusters
     return RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors, secret_types=c.secret_types,
                            include_local=c.include_local, allowed_exec_commands=c.allowed_exec_commands,
-                           sync_timeout=c.sync_timeout)
+                           sync_timeout=c.sync_timeout, probe_interval=c.probe_interval)
 
 
 def member_factory(settings: Settings, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
     """The discovering factory of member cluster ``name`` (multi-cluster mode)."""
-    # A private metrics registry per member: informer series carry no cluster label, and two clusters'
-    # informers of one GVR would overwrite (and on stopping, remove) each other's.
     return discovering_factory(settings, client, watch=settings.clusters.watch,
-                               name=f"discovery {display_name(name)}", metrics_registry=CollectorRegistry())
+                               name=f"discovery {display_name(name)}", metrics_cluster=name)
 
 
 def discovering_factory(settings: Settings, client: ApiClient,
@@ -533,7 +531,7 @@ def discovering_factory(settings: Settings, client: ApiClient,
     return DiscoveringDynamicSharedInformerFactory(
         client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
         namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-        check_permissions=s.check_permissions,
+        full_rediscovery_interval=s.full_rediscovery_interval, check_permissions=s.check_permissions,
         field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, **kwargs)
 
 

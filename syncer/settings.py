@@ -115,6 +115,10 @@ class Clusters:
       default, because a kubeconfig from a Secret is untrusted input.
     - ``sync_timeout``: how long a member may take to connect, discover and sync before its controllers start
       anyway (connect and discovery failures are retried with backoff).
+    - ``probe_interval``: how long a member's watches may say nothing (no event, no bookmark, no answer to any
+      request) before ``/version`` is asked whether it is still there. Above the API server's bookmark cadence
+      (a minute) and the watches' inactivity timeout (150 s, after which a silent watch is reopened) by default,
+      so a member with a working watch is never asked: its watches say when it is unreachable.
     - ``watch``: which served GVRs get informers in member clusters, the management cluster included (it runs
       nothing of its own in this mode): ``"required"`` (those some controller requires) or ``"all"``; the
       top-level ``watch`` applies only without ``[clusters]``.
@@ -127,6 +131,7 @@ class Clusters:
     include_local: bool = False
     allowed_exec_commands: tuple[str, ...] = ()
     sync_timeout: float = 30.0
+    probe_interval: float = 300.0
     watch: WatchMode = "required"
 
 
@@ -182,7 +187,10 @@ class Settings:
     - ``include``, ``exclude``: resource rules (``group/version/resource`` or ``group/resource``, globs
       allowed) choosing the GVRs that get informers; ``preferred_version_only``: only each group's preferred
       version; ``namespace``: watch one namespace (a DNS-1123 label; ``""`` = all namespaces).
-    - ``rediscovery_interval``: how often discovery is re-run besides CRD/APIService events; ``resync``:
+    - ``rediscovery_interval``: how often discovery is re-run while CRD/APIService events cannot say when (they
+      cannot be watched, or ``check_permissions`` found a GVR forbidden); ``full_rediscovery_interval`` (at
+      least ``rediscovery_interval``): how often it is re-run anyway, as a safety net, while they can (plus up
+      to 20 % jitter; in every cluster). ``resync``:
       informer resync period (``0`` = off); ``check_permissions``: skip GVRs the credentials cannot list/watch.
     - ``workers``: reconcile workers per controller, 1 to ``MAX_WORKERS``.
     - ``http_bind``: ``host:port`` (port 1-65535) of the probes, ``/metrics`` and ``/status``.
@@ -190,6 +198,9 @@ class Settings:
     - ``shutdown_timeout``: the bound on a graceful stop; ``start_timeout``: the bound on starting the
       controllers after becoming leader.
     - ``uvloop``: run ``syncer run`` on uvloop when it is installed (off: the standard asyncio loop).
+    - ``http2``: talk to every API server (the local one and the members) over HTTP/2 when it offers it, one
+      connection per server for all requests and watches, as client-go; off: HTTP/1.1, a connection per watch.
+      client-go's ``DISABLE_HTTP2`` environment variable turns it off too.
     - ``debug_endpoints``: also serve ``/debug/tasks`` (every asyncio task's stack) and ``/debug/stalls`` (where
       the event loop was when it stalled) on ``http_bind``.
     - ``watch``: which served (and filtered) GVRs get informers: ``"all"``, or ``"required"``: only those some
@@ -209,6 +220,7 @@ class Settings:
     preferred_version_only: bool = False
     namespace: str = ""
     rediscovery_interval: float = 60.0
+    full_rediscovery_interval: float = 600.0
     resync: float = 0.0
     workers: int = 2
     check_permissions: bool = False
@@ -218,6 +230,7 @@ class Settings:
     shutdown_timeout: float = 20.0
     start_timeout: float = 60.0
     uvloop: bool = True
+    http2: bool = True
     debug_endpoints: bool = False
     watch: WatchMode = "all"
     leader_election: LeaderElection = field(default_factory=LeaderElection)
@@ -339,18 +352,22 @@ def _integer(low: int, high: int) -> _Check:
     return check
 
 
-def _duration(*, zero_means: str = "", below: str = "") -> _Check:
-    """A duration > 0 (or >= 0 when ``zero_means`` says what 0 does), and < setting ``below`` if given."""
+def _duration(*, zero_means: str = "", below: str = "", at_least: str = "") -> _Check:
+    """A duration > 0 (or >= 0 when ``zero_means`` says what 0 does), < setting ``below`` and >= setting
+    ``at_least`` if given."""
     def check(value: Any, done: Mapping[str, Any]) -> float:
         limit = done[below] if below else math.inf
+        floor = done[at_least] if at_least else 0.0
         expect = "a duration " + (f">= 0 (0 {zero_means})" if zero_means else "> 0")
         if below:
             expect += f" and < {below.rpartition('.')[2]} ({_seconds(limit)})"
+        if at_least:
+            expect += f" and >= {at_least.rpartition('.')[2]} ({_seconds(floor)})"
         try:
             seconds = parse_duration(value)
         except ValueError:
             raise _Invalid(f"{expect}, like '15s', '500ms' or '2m'") from None
-        if not (seconds >= 0 if zero_means else seconds > 0) or seconds >= limit:
+        if not (seconds >= 0 if zero_means else seconds > 0) or seconds >= limit or seconds < floor:
             raise _Invalid(expect)
         return seconds
     return check
@@ -499,6 +516,7 @@ _CHECKS: dict[str, _Check] = {
     "preferred_version_only": _boolean,
     "namespace": _dns_name("label", empty_means="all namespaces"),
     "rediscovery_interval": _duration(),
+    "full_rediscovery_interval": _duration(at_least="rediscovery_interval"),
     "resync": _duration(zero_means="turns resync off"),
     "workers": _integer(1, MAX_WORKERS),
     "check_permissions": _boolean,
@@ -508,6 +526,7 @@ _CHECKS: dict[str, _Check] = {
     "shutdown_timeout": _duration(),
     "start_timeout": _duration(),
     "uvloop": _boolean,
+    "http2": _boolean,
     "debug_endpoints": _boolean,
     "watch": _choice(("all", "required")),
     "leader_election.enabled": _boolean,
@@ -532,6 +551,7 @@ _CHECKS: dict[str, _Check] = {
     "clusters.include_local": _boolean,
     "clusters.allowed_exec_commands": _strings("commands"),
     "clusters.sync_timeout": _duration(),
+    "clusters.probe_interval": _duration(),
     "clusters.watch": _choice(("required", "all")),
     "sharding.enabled": _boolean,
     "sharding.units": _unit_kind,

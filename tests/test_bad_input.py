@@ -262,7 +262,7 @@ CASES: dict[str, Case] = {
         "[clusters]\nenable = true",
         "unknown setting 'clusters.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); known settings "
         "in [clusters] are allowed_exec_commands, enabled, include_local, label_selectors, namespaces, "
-        "secret_types, sync_timeout, watch"),
+        "probe_interval, secret_types, sync_timeout, watch"),
     # the file itself, unknown names, environment variables, options
     "broken-toml": Case(
         "workers = [\n", "settings file '@SETTINGS@' is not valid TOML: Invalid value (at end of document)"),
@@ -283,7 +283,7 @@ CASES: dict[str, Case] = {
         "wokers = 2",
         "unknown setting 'wokers' in settings file '@SETTINGS@' (did you mean 'workers'?); known settings are "
         "check_permissions, clusters, context, debug_endpoints, entry_point_plugins, exclude, field_selectors, "
-        "http_bind, in_cluster, include, kubeconfig, leader_election, log_format, log_level, namespace, "
+        "full_rediscovery_interval, http_bind, in_cluster, include, kubeconfig, leader_election, log_format, log_level, namespace, "
         "plugin_settings, plugins, preferred_version_only, rediscovery_interval, resync, sharding, shutdown_timeout, "
         "start_timeout, uvloop, watch, webhooks, workers"),
     "unknown-nested": Case(

@@ -17,6 +17,7 @@ from controllers.cluster_registry import ClusterRegistry, RegistryOptions
 from controllers.fleet import FleetController, FleetLoop, _Feed, union_name
 from informers import GVR, ApiClient
 from informers.source import Notifier
+from informers.request_metrics import RequestCounts
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
 CONNECT_DELAY: dict[bytes, float] = {}  # kubeconfig -> how long connecting with it takes
@@ -27,6 +28,7 @@ class FakeClient:
         self.data = data
         self.closed = False
         self.host = "https://fake"
+        self.request_counts = RequestCounts(self.host)
 
     async def request(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         await asyncio.sleep(CONNECT_DELAY.get(self.data, 0.0))
@@ -65,6 +67,9 @@ class FakeFactory:
 
     def informers(self) -> tuple[dict[GVR, Any], list[GVR]]:
         return {}, []
+
+    def events_received(self) -> int:
+        return 0
 
     async def shutdown(self) -> None:
         self.down = True

@@ -306,3 +306,73 @@ async def test_active_workers_counts_reconciles_in_progress_and_counts_survive_a
         assert registry.get_sample_value("controller_runtime_max_concurrent_reconciles", {"controller": "c"}) == 1
 
     await run_with(again, ControllerContext("c", {A: inf}, src), more())
+
+
+# -- metadata only -----------------------------------------------------------------------------------------
+def partial(name, **kw):
+    """``res(name, **kw)`` as a metadata-only informer caches it."""
+    return {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": res(name, **kw)["metadata"]}
+
+
+async def test_metadata_only_sources_take_their_events_and_the_primary_cache_from_metadata_informers(sources):
+    src = sources()
+    full_a, meta_a = src.add(A, objects=[res("x")]), src.add(A.only_metadata(), objects=[partial("x")])
+    full_b, meta_b = src.add(B, objects=[res("y", kind="B")]), src.add(B.only_metadata(), objects=[partial("y")])
+    got = []
+
+    async def reconcile(req, rc):
+        got.append((req.name, rc.gvr, rc.lister().get(req.name, req.namespace)))
+
+    c = controller(reconcile).for_(A, metadata_only=True).watches(B, metadata_only=True)
+
+    async def scenario():
+        await settle(lambda: sorted(name for name, _, _ in got) == ["x", "y"])
+        assert {(name, gvr) for name, gvr, _ in got} == {("x", A.only_metadata()), ("y", A.only_metadata())}
+        assert next(obj for name, _, obj in got if name == "x") == partial("x")
+        assert [r.name for r in meta_a.registrations] == [r.name for r in meta_b.registrations] == ["c"]
+        assert full_a.registrations == full_b.registrations == []
+        got.clear()
+        full_b.apply("MODIFIED", res("z", kind="B", rv="2"))
+        await nothing_within(lambda: got, 0.05)
+        meta_b.apply("ADDED", partial("z", rv="2"))
+        await settle(lambda: [name for name, _, _ in got] == ["z"])
+
+    # Only the metadata keys are required: the full informers are in the source, not in the context.
+    await run_with(c, ControllerContext("c", {A.only_metadata(): meta_a, B.only_metadata(): meta_b}, src),
+                   scenario())
+
+
+async def test_owns_metadata_only_maps_partial_objects_to_their_controller_owner(sources):
+    src = sources()
+    primary = src.add(A, objects=[res("o1"), res("o2")])
+    owned = src.add(B.only_metadata(), objects=[partial("child", kind="B", owner="o1")])
+    rec = Recorder()
+    c = controller(rec).for_(A).owns(B, metadata_only=True)
+
+    async def scenario():
+        await settle(lambda: sorted(set(rec.names)) == ["o1", "o2"])
+        rec.calls.clear()
+        owned.apply("MODIFIED", partial("child", kind="B", rv="2", owner="o2"))
+        await settle(lambda: sorted(rec.names) == ["o1", "o2"])
+
+    await run_with(c, ControllerContext("c", {A: primary, B.only_metadata(): owned}, src), scenario())
+
+
+async def test_metadata_only_mistakes_say_what_to_do(sources):
+    src = sources()
+    full = src.add(A, objects=[res("x")])
+    with pytest.raises(ValueError, match=r"controller c: metadata_only=True, but the informer given caches whole "
+                                         r"as.v1.a.example.com objects"):
+        controller(Recorder()).for_(full, metadata_only=True)
+    meta = src.add(A.only_metadata(), objects=[partial("x")])
+    assert controller(Recorder()).for_(meta, metadata_only=True)._primary == A.only_metadata()
+    # owns() needs the primary kind, which a metadata cache does not tell without a client
+    with pytest.raises(ValueError, match=r"cannot tell the kind of as.v1.a.example.com \(metadata\) for owns\(\) "
+                                         "without an API client"):
+        await controller(Recorder()).for_(A, metadata_only=True).owns(B).run(
+            ControllerContext("c", {A.only_metadata(): meta}, src))
+    # requiring the GVR does not bring its metadata-only informer
+    with pytest.raises(KeyError, match=r"no synced informer for bs.v1.b.example.com \(metadata\) \(require "
+                                       r"gvr.only_metadata\(\)"):
+        await controller(Recorder()).for_(A).watches(B, metadata_only=True).run(ControllerContext("c", {A: full}, src))
+    assert full.registrations == meta.registrations == []

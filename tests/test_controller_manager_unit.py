@@ -486,3 +486,25 @@ def test_random_flaps_converge_without_overlap_or_leaks(ops, hooks):
         assert asyncio.all_tasks() - before == set()
 
     asyncio.run(scenario())
+
+
+async def test_a_metadata_only_requirement_waits_for_that_informer_not_the_full_one(sources):
+    src = sources()
+    probe = Probe("meta")
+    m = manager(src, [(probe, [A.only_metadata()])])
+    src.add(A)
+    src.add(A.only_metadata(), synced=False)
+    await m.start()
+    try:
+        await settle(lambda: m.status()["meta"].not_synced == [f"{A} (metadata)"])
+        await nothing_within(lambda: probe.creates, 0.05)
+        src.sync(A.only_metadata())
+        await settle(lambda: probe.running == 1)
+        assert list(probe.contexts[0].informers) == [A.only_metadata()]
+        await src.remove(A)  # the full informer going is none of its business
+        await nothing_within(lambda: probe.running == 0, 0.05)
+        await src.remove(A.only_metadata())
+        await settle(lambda: probe.running == 0)
+        assert m.status()["meta"].missing == [f"{A} (metadata) (not served)"]
+    finally:
+        assert await m.stop() == []

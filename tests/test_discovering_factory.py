@@ -8,8 +8,10 @@ import time
 import uuid
 
 import psutil
+import pytest
 from prometheus_client import CollectorRegistry
 
+from controllers import ControllerManager, ManagedController
 from informers import GVR, ApiClient, ApiError, DiscoveringDynamicSharedInformerFactory, ResourceFilter
 
 from .helpers import eventually
@@ -271,3 +273,52 @@ async def test_50_crd_cycles_leak_nothing(control_plane_factory) -> None:
             assert rss[1] - rss[0] < 8 * 1024 * 1024, rss
         finally:
             await f.shutdown()
+
+
+@pytest.mark.parametrize("watch", ["required", "all"])
+async def test_a_metadata_only_key_is_an_informer_of_its_own_while_required(api, watch) -> None:
+    """A controller requiring ``gvr.only_metadata()`` gets that informer, of PartialObjectMetadata (with
+    ``watch="required"`` and not the full one): started when required, stopped when released (the full one stays
+    with ``watch="all"``), and, its controller stopped first, when the CRD goes."""
+    group = unique_group("meta")
+    gvr = GVR(group, "v1", "widgets")
+    key = gvr.only_metadata()
+    await create_crd(api, group)
+    f = factory(api, filter=only("meta"), watch=watch)
+    await f.start()
+    contexts = []
+
+    def create(ctx):
+        contexts.append(ctx)
+        return lambda ctx: asyncio.Event().wait()
+
+    def manager() -> ControllerManager:
+        return ControllerManager("meta", f, {"c": ManagedController([key], create)},
+                                 metrics_registry=CollectorRegistry())
+
+    try:
+        await eventually(lambda: gvr in {s.gvr for s in f.status()}, 20, "the CRD discovered")
+        await new_object(api, gvr, "w1")
+        m = manager()
+        await m.start()
+        await eventually(lambda: m.status()["c"].state == "running", 20, "the controller running")
+        inf = contexts[-1].informers[key]
+        assert inf.gvr == key and f.explain(key) is None
+        await eventually(lambda: inf.lister.get("w1", "default") is not None, 10)
+        assert inf.lister.get("w1", "default")["kind"] == "PartialObjectMetadata"
+        assert set(f.informers()[0]) & {gvr, key} == ({key} if watch == "required" else {gvr, key})
+        states = {s.gvr: s.state for s in f.status()}
+        assert states[key] == "synced" and states[gvr] == ("idle" if watch == "required" else "synced")
+        await m.stop()
+        await eventually(lambda: key not in f.informers()[0], 20, "the released metadata informer stopped")
+        assert (gvr in f.informers()[0]) is (watch == "all") and inf.registrations == []
+        m = manager()
+        await m.start()
+        await eventually(lambda: m.status()["c"].state == "running", 20, "the controller running again")
+        assert contexts[-1].informers[key] is not inf
+        await delete_crd(api, f"widgets.{group}")
+        await eventually(lambda: m.status()["c"].state == "waiting" and key not in f.informers()[0], 20,
+                         "the controller stopped and the informer dropped with the CRD")
+        await m.stop()
+    finally:
+        await f.shutdown()

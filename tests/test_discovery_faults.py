@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Iterator
 
-import aiohttp
 import kubernetes
 import pytest
 from loguru import logger
 
 from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryClient, DiscoveryForbidden
+from informers.transport import TransportError
 from syncer.testing.controlplane import ControlPlane
 
 from .helpers import eventually
@@ -75,10 +75,10 @@ async def picks_up_a_new_crd(f: DiscoveringDynamicSharedInformerFactory, api: Ap
     await eventually(lambda: GVR(group, "v1", "widgets") in f.informers()[0], 30, f"informer for {group}")
 
 
-@pytest.mark.parametrize("error", [aiohttp.ServerDisconnectedError,
-                                   lambda: aiohttp.ClientPayloadError("Response payload is not completed")],
-                         ids=["ServerDisconnectedError", "ClientPayloadError"])
-async def test_a_pass_failing_with_an_aiohttp_error_is_logged_and_retried(control_plane, logged, error) -> None:
+@pytest.mark.parametrize("error", [lambda: TransportError("ServerDisconnectedError: Server disconnected"),
+                                   lambda: ConnectionResetError("the server reset the stream (CANCEL)")],
+                         ids=["http1-TransportError", "http2-ConnectionResetError"])
+async def test_a_pass_failing_with_a_transport_error_is_logged_and_retried(control_plane, logged, error) -> None:
     async with FaultyClient.from_kubeconfig(str(control_plane.kubeconfig)) as api:
         f = factory(api, filter=only("flaky"))
         await f.start()
@@ -96,13 +96,13 @@ async def test_a_pass_failing_with_an_aiohttp_error_is_logged_and_retried(contro
         assert f.supervisor.health() == []
 
 
-async def test_legacy_discovery_keeps_a_group_version_failing_with_an_aiohttp_error_as_stale(control_plane) -> None:
+async def test_legacy_discovery_keeps_a_group_version_failing_with_a_transport_error_as_stale(control_plane) -> None:
     async with FaultyClient.from_kubeconfig(str(control_plane.kubeconfig)) as api:
         discovery = DiscoveryClient(api)
         discovery.aggregated = False
         deployments = GVR("apps", "v1", "deployments")
         assert deployments in (await discovery.discover()).resources
-        api.fail(lambda method, path: path == "/apis/apps/v1", aiohttp.ServerDisconnectedError, times=1)
+        api.fail(lambda method, path: path == "/apis/apps/v1", TransportError, times=1)
         result = await discovery.discover()
         assert result.stale_group_versions == {"apps/v1"}
         assert result.resources[deployments].stale and GVR("", "v1", "configmaps") in result.resources
@@ -117,7 +117,7 @@ async def test_a_failing_access_review_keeps_verdicts_and_is_asked_again(control
             await create_crd(api, first)
             await eventually(lambda: GVR(first, "v1", "widgets") in f.informers()[0], 30, "first CRD watched")
             watched = f.informers()[0][GVR(first, "v1", "widgets")]
-            api.fail(lambda method, path: path == SSAR, aiohttp.ServerDisconnectedError, times=3)
+            api.fail(lambda method, path: path == SSAR, lambda: TransportError("ServerDisconnectedError"), times=3)
             second = GVR(unique_group("review"), "v1", "widgets")
             await create_crd(api, second.group)
             await eventually(lambda: api.injected >= 1, 20, "an access review failing")
@@ -165,8 +165,8 @@ async def test_a_refused_discovery_raises_discovery_forbidden_at_once(control_pl
 
 class StallingProxy(Proxy):
     """A Proxy whose ``stall()`` also holds new connections without forwarding anything, so that a request
-    cannot dodge the freeze by dialling anew (aiohttp retries an idempotent request once on a fresh connection
-    when a pooled one is cut); ``cut()`` closes everything, ``resume()`` ends the stall."""
+    cannot dodge the freeze by dialling anew (HTTP/1.1 retries an idempotent request once on a fresh connection
+    when a pooled one is cut, and HTTP/2 dials a new connection when a stream times out); ``cut()`` closes everything, ``resume()`` ends the stall."""
 
     def __init__(self, target_port: int) -> None:
         super().__init__(target_port)

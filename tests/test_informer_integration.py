@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import psutil
+import pytest
 from prometheus_client import CollectorRegistry
 
 from informers import (
@@ -327,17 +328,21 @@ def _connections_to(port: int) -> int:
                if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
 
 
-async def test_shutdown_leaves_no_tasks_or_connections(control_plane, namespace) -> None:
+@pytest.mark.parametrize("http2", [True, False], ids=["http2", "http1"])
+async def test_shutdown_leaves_no_tasks_or_connections(control_plane, namespace, http2) -> None:
     before = set(asyncio.all_tasks())
     baseline = _connections_to(control_plane.port)  # the official client of the fixtures keeps its own
     client = ApiClient.from_kubeconfig(str(control_plane.kubeconfig))
+    client.http2 = http2
     f = factory_for(client, namespace=namespace)
     for gvr in (CONFIGMAPS, GVR("", "v1", "secrets"), GVR("", "v1", "serviceaccounts")):
         inf, _ = f.for_resource(gvr)
         inf.add_event_handler(Recorder(), resync_period=60)
     f.start()
     assert all((await f.wait_for_cache_sync(30)).values())
-    assert _connections_to(control_plane.port) >= baseline + 3
+    # HTTP/2: the three watches and the lists before them share one connection, as client-go's do.
+    assert _connections_to(control_plane.port) == baseline + 1 if http2 else baseline + 3
+    assert client.connections == (1 if http2 else 3)
     await f.shutdown()
     assert set(asyncio.all_tasks()) - before == set()
     await client.close()

@@ -188,7 +188,8 @@ async def test_sidecar_runs_controllers_per_member_and_fleet_controllers(
 async def test_departed_members_leave_no_metric_series(control_plane: ControlPlane, api: ApiClient,
                                                       namespace: str) -> None:
     """Issue 21 item 8: after members join (their controllers started) and leave, cycle after cycle, the sidecar's
-    /metrics has no series labelled with any of them; a member that stays keeps its own."""
+    /metrics has no series labelled with any of them (their informers' included, issue 23); a member that stays
+    keeps its own."""
     cycles = 20
     data = control_plane.member_kubeconfig()
     plugins = Plugins({"cm-watch": Watchers().spec()})
@@ -224,6 +225,8 @@ async def test_departed_members_leave_no_metric_series(control_plane: ControlPla
         assert departed == [], departed[:10]
         assert any('series/stays"' in line for line in lines if line.startswith("controller_manager_starts_total"))
         assert any('cluster="stays"' in line for line in lines)
+        # Issue 23: the member's informers report on the sidecar's registry, under its name
+        assert any(line.startswith('informer_objects{cluster="stays",gvr="configmaps.v1"}') for line in lines)
     finally:
         stop.set()
         await asyncio.wait_for(run, 30)

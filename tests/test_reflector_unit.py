@@ -7,7 +7,6 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 
-import aiohttp
 import pytest
 from loguru import logger
 from prometheus_client import CollectorRegistry
@@ -108,7 +107,7 @@ def bookmark(rv, end=False):
 
 
 def refused():
-    return aiohttp.ClientConnectionError("connection refused")
+    return ConnectionRefusedError("connection refused")
 
 
 def reflector(client, sink, delays, watch_list=False, backoff=None, **kw):
@@ -270,7 +269,7 @@ async def test_watch_list_cut_or_timed_out_mid_initial_events_retries_watch_list
     sink, delays = Sink(), []
     r = reflector(client, sink, delays, watch_list=None)
     await run_until(r, lambda: sink.replaced == [(2, "7")], "a sync by watch-list")
-    assert [d[0] for d in delays] == ["ClientConnectionError", "ShortWatchError"]
+    assert [d[0] for d in delays] == ["ConnectionRefusedError", "ShortWatchError"]
     assert r.use_watch_list is None and client.list_params == []
     assert [p["sendInitialEvents"] for p in client.watch_params[:3]] == ["true"] * 3
     assert sink.events == []  # nothing of an incomplete initial set leaked into the sink

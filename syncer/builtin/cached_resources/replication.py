@@ -91,6 +91,8 @@ class Replication:
         self.cache = cache
         self._log = logger.bind(replication=name)
         self._objects = ResourceClient(cache, CACHED_OBJECTS, namespaced=False)  # no discovery needed
+        # Whole source objects, not gvr.only_metadata(): a wrapper's spec.raw is the whole object, so a metadata
+        # cache would cost a GET per object and per change for a fraction of the memory (bench/RESULTS-metadata.md).
         self._loop = FleetLoop(f"replication {name}", FleetController(gvr, self._create, workers), clients,
                                fence=fence, metrics_registry=metrics_registry, on_join=self._joined,
                                on_leave=lambda _: self._sweep_wanted.set())
