@@ -27,7 +27,8 @@ import orjson
 from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate, load_kubeconfig
 from .errors import ApiError, FenceError
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
-from .transport import CONNECTION_ERRORS, Http1Transport, Http2Transport, Response, Transport
+from .transport import CONNECTION_ERRORS as CONNECTION_ERRORS  # re-exported: callers catch them
+from .transport import Http1Transport, Http2Transport, Response, Transport
 
 _JSON = "application/json"
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

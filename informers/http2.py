@@ -363,8 +363,8 @@ class H2Connection(asyncio.Protocol):
 
     def _window_opened(self, stream_id: int) -> None:
         if stream_id == 0:
-            for stream in self._streams.values():
-                stream.window_opened()
+            for each in self._streams.values():
+                each.window_opened()
         elif (stream := self._streams.get(stream_id)) is not None:
             stream.window_opened()
 
