@@ -414,6 +414,14 @@ class _FencedClient(ApiClient):
     def recoveries(self) -> int:
         return self._inner.recoveries
 
+    @property
+    def connections(self) -> int:
+        return self._inner.connections
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
     async def answered_again(self, since: int) -> None:
         await self._inner.answered_again(since)
 

@@ -173,8 +173,9 @@ class H2Connection(asyncio.Protocol):
         })
         self._h2.max_inbound_frame_size = _MAX_FRAME  # h2 read it from the settings it was made with
         self._h2.initiate_connection()
+        # Through h2, so its own view of the window (it counts the frames it parses) is as large as the server's.
+        self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self._flush()
-        self._window_update(0, CONNECTION_WINDOW - 65535)
         loop = asyncio.get_running_loop()
         self._last_read = loop.time()
         self._idle_timer = loop.call_later(self._read_idle, self._check_idle)
