@@ -15,8 +15,9 @@ time of all threads, established TCP connections):
   running one per-cluster Controller (``for_`` ConfigMaps, ``watches`` Secrets and Widgets, a reconcile that
   only notes its first call), built as ``syncer run`` builds multi-cluster mode with default settings: its loop
   (``syncer.cli.event_loop``: uvloop when importable), ``small_tls_read_buffers()``, the member factory of
-  ``Syncer._member_factory`` (watch ``required``, rediscovery every 60 s, CRD/APIService triggers), 2 workers,
-  a 15 s reachability probe per member, INFO logs to a file. Not included: the sidecar's HTTP server and the
+  ``Syncer._member_factory`` (watch ``required``, CRD/APIService triggers, a safety-net pass every 10 min,
+  informer metrics on one registry labelled by cluster), a probe only after 5 min without a word from a member,
+  2 workers, INFO logs to a file. Not included: the sidecar's HTTP server and the
   management plane's own discovering factory (the same with 1 or 50 members).
 - ``client-go``: bench/clientgo_multicluster (client-go v0.36.3, as bench/clientgo): a Secret informer on the
   management plane; per member a DynamicSharedInformerFactory with the same three informers (managedFields
@@ -92,6 +93,7 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
     setup_logging(settings.log_level, settings.log_format)
     small_tls_read_buffers()
     s = settings
+    metrics = CollectorRegistry()  # the process's registry, as the sidecar's /metrics serves it
     names: dict[int, str] = {}  # id(member's API client) -> cluster name
 
     def member_factory(client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
@@ -99,8 +101,9 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
         return DiscoveringDynamicSharedInformerFactory(
             client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
             namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            check_permissions=s.check_permissions, watch=s.clusters.watch, name=f"discovery {display_name(name)}",
-            metrics_registry=CollectorRegistry())
+            full_rediscovery_interval=s.full_rediscovery_interval, check_permissions=s.check_permissions,
+            watch=s.clusters.watch, name=f"discovery {display_name(name)}", metrics_registry=metrics,
+            metrics_cluster=name)
 
     class Names:
         """Registered before the controllers: notes each member's client (so a controller knows its cluster)."""
@@ -127,7 +130,8 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
 
     controllers = {"bench": ManagedController([CONFIGMAPS, SECRETS, WIDGETS], create)}
     api = ApiClient.from_kubeconfig(kubeconfig)
-    registry = ClusterRegistry(api, RegistryOptions(namespaces=(namespace,), sync_timeout=s.clusters.sync_timeout),
+    registry = ClusterRegistry(api, RegistryOptions(namespaces=(namespace,), sync_timeout=s.clusters.sync_timeout,
+                                                    probe_interval=s.clusters.probe_interval),
                                required={g for c in controllers.values() for g in c.required_gvrs},
                                make_factory=member_factory)
     per_cluster = ClusterControllers(controllers, name="bench", workers=s.workers, resync_period=s.resync or None,

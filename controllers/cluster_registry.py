@@ -542,6 +542,7 @@ class ClusterRegistry:
         else:
             client = client_from_untrusted_kubeconfig(m.data, allowed_exec_commands=o.allowed_exec_commands,
                                                       source=m.source)
+            client.http2 = self.management.http2  # the process's choice (setting ``http2``) holds for members
         m.client = client
         version = await client.request("GET", "/version", timeout=o.connect_timeout)
         m.conditions[ConditionType.CONNECTED].set(True, "Connected", f"Kubernetes {version.get('gitVersion', '?')}")

@@ -28,8 +28,7 @@ from . import kubeconfig
 from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate
 from .errors import ApiError, FenceError
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
-# CONNECTION_ERRORS is re-exported: callers catch it from here.
-from .transport import CONNECTION_ERRORS as CONNECTION_ERRORS
+from .transport import CONNECTION_ERRORS as CONNECTION_ERRORS  # re-exported: callers catch them
 from .transport import Http1Transport, Http2Transport, Response, Transport
 
 if TYPE_CHECKING:
@@ -419,6 +418,14 @@ class _FencedClient(ApiClient):
     @property
     def recoveries(self) -> int:
         return self._inner.recoveries
+
+    @property
+    def connections(self) -> int:
+        return self._inner.connections
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
 
     async def answered_again(self, since: int) -> None:
         await self._inner.answered_again(since)

@@ -173,8 +173,9 @@ class H2Connection(asyncio.Protocol):
         })
         self._h2.max_inbound_frame_size = _MAX_FRAME  # h2 read it from the settings it was made with
         self._h2.initiate_connection()
+        # Through h2, so its own view of the window (it counts the frames it parses) is as large as the server's.
+        self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self._flush()
-        self._window_update(0, CONNECTION_WINDOW - 65535)
         loop = asyncio.get_running_loop()
         self._last_read = loop.time()
         self._idle_timer = loop.call_later(self._read_idle, self._check_idle)
@@ -363,8 +364,8 @@ class H2Connection(asyncio.Protocol):
 
     def _window_opened(self, stream_id: int) -> None:
         if stream_id == 0:
-            for stream in self._streams.values():
-                stream.window_opened()
+            for each in self._streams.values():
+                each.window_opened()
         elif (stream := self._streams.get(stream_id)) is not None:
             stream.window_opened()
 

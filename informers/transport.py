@@ -36,7 +36,8 @@ READ_IDLE = 30.0
 PING_TIMEOUT = 15.0
 # Go's IdleConnTimeout as client-go sets it: an HTTP/2 connection without streams is closed after this.
 IDLE_CONNECTION = 90.0
-# aiohttp's keep-alive: above every periodic request's interval, so no periodic request pays a TLS handshake.
+# aiohttp's keep-alive: kube-apiserver closes an idle HTTP/1.1 connection after 90 s (its IdleTimeout), so longer
+# would not help; a request sooner than that (a lease renewal, a write burst) reuses the connection.
 HTTP1_KEEPALIVE = IDLE_CONNECTION
 
 

@@ -6,12 +6,12 @@ import asyncio
 import json
 from typing import Any
 
-import aiohttp
 
 from informers import (
     GVR, ApiError, DiscoveryForbidden, GVRState, GVRStatus, Notifier, ResourceFilter, ResourceInfo,
 )
 from informers.access_review import AccessReviewer
+from informers.transport import TransportError
 
 from .helpers import eventually
 
@@ -111,10 +111,10 @@ async def test_a_failed_access_review_keeps_the_previous_verdict() -> None:
     reviewer = AccessReviewer(stub)  # type: ignore[arg-type]
     assert await reviewer.check([WIDGETS, GADGETS], recheck_forbidden=False) is None
     assert reviewer.denied(WIDGETS) is None and "may not list or watch" in (reviewer.denied(GADGETS) or "")
-    stub.error = aiohttp.ServerDisconnectedError()
+    stub.error = TransportError("ServerDisconnectedError: Server disconnected")
     new = GVR("example.com", "v1", "gizmos")
     failed = await reviewer.check([WIDGETS, GADGETS, new], recheck_forbidden=True)
-    assert failed is not None and isinstance(failed.cause, aiohttp.ServerDisconnectedError)
+    assert failed is not None and isinstance(failed.cause, TransportError)
     assert set(failed.failed) == {GADGETS, new} and failed.undecided == [new]
     assert reviewer.decided(GADGETS) and reviewer.denied(GADGETS) and not reviewer.decided(new)
     stub.error = None

@@ -213,3 +213,16 @@ async def test_http2_off_uses_http1(control_plane, namespace) -> None:
         client.http2 = False
         await client.request("GET", "/version")
         assert isinstance(client._transport, transport_module.Http1Transport)
+
+
+async def test_concurrent_large_responses_arrive_whole(api, control_plane, namespace) -> None:
+    # Many streams ending with large frames at once: the frames h2 parses itself (a stream's last) must fit its
+    # view of the connection window as well as the server's.
+    for i in range(3):
+        await api.request("POST", CONFIGMAPS.path(namespace),
+                          body={"metadata": {"name": f"large-{i}"}, "data": {"v": str(i) * (700 << 10)}})
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        for _ in range(3):
+            lists = await asyncio.gather(*(client.request("GET", CONFIGMAPS.path(namespace)) for _ in range(60)))
+            assert all(sorted(o["data"]["v"][:1] for o in lst["items"]) == ["0", "1", "2"] for lst in lists)
+        assert client.connections == 1

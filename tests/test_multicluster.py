@@ -196,7 +196,7 @@ async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: s
         assert len(starts.running) == 1 and recorder.removed == []  # a rotation is not a removal
         assert recorder.cleaned == ["alpha"]  # the old connection's context was cancelled
         # and its connections closed, after its informers have stopped (the rotation does not wait for that)
-        await eventually(lambda: first.client._session is None, 10, "the old connection to close")
+        await eventually(lambda: first.client.closed, 10, "the old connection to close")
         await eventually(lambda: loop._subs.get("alpha") is registry.cluster("alpha").factory.informers()[0].get(
             CONFIGMAPS), 10, "the fleet union to follow the new connection")
         with kube_client(a) as k:

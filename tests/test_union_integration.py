@@ -149,7 +149,7 @@ async def test_union_controller_follows_cluster_records(control_plane, namespace
 
             await mgmt.request("DELETE", CONFIGMAPS.path(namespace, "member-0"))
             await eventually(lambda: union.clusters() == [f"{namespace}/member-1"], 30, "member-0 gone")
-            await eventually(lambda: made[0].client._session is None, 10, "member-0's client closed")
+            await eventually(lambda: made[0].client.closed, 10, "member-0's client closed")
             await create_cm(members[0], "after-removal")
             await create_cm(members[1], "marker")
             await eventually(lambda: (f"{namespace}/member-1", "marker") in seen.adds, 30, "marker")
