@@ -48,8 +48,8 @@ OURS = ["informers.client", "informers.untrusted_kubeconfig", "informers", "cont
         "controllers.cluster_registry", "syncer.settings", "syncer.plugins", "syncer.http", "syncer.leader",
         "syncer.shards", "syncer.webhook.service", "syncer.builtin.cached_resources", "syncer.runtime", "syncer.cli"]
 # Imported or not, after a module (see _PROBE); our own lazy parts by their package.
-WATCHED = ["kubernetes", "aiohttp", "aiohttp.web", "cryptography", "dynaconf", "tenacity",
-           "syncer.webhook.service", "syncer.shards", "syncer.leader", "syncer.debug", "syncer.builtin.cached_resources"]
+WATCHED = ["kubernetes", "aiohttp", "aiohttp.web", "cryptography", "dynaconf", "tenacity", "syncer.webhook.service",
+           "syncer.shards", "syncer.leader", "syncer.debug", "syncer.builtin.cached_resources"]
 _PROBE = f"""
 import sys
 def rss():
