@@ -3,8 +3,8 @@
 Configuration (kubeconfig with context selection, in-cluster service account, token credentials and their
 refresh, client certificates, CA) is read as ``kubernetes.config`` reads it (``kubeconfig.py``: without importing
 the package in the common cases, by the package for the rest); exec credential plugins are run by
-``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through a ``transport.Transport``: HTTP/2 by default.
-Responses are decoded once with orjson into plain dicts. Every request says ``User-Agent: kube-syncer/<version>
+``credentials.ExecPlugin`` instead (asynchronously, with a timeout). Requests go through a ``transport.Transport``
+(HTTP/2 by default). Responses are decoded once with orjson into plain dicts. Every request says ``User-Agent: kube-syncer/<version>
 (<os>/<arch>)``, client-go's form: the apiserver names a write without ``fieldManager`` after the part before the
 first "/", so such writes are managed by "kube-syncer", not by the HTTP library's name.
 """

@@ -51,7 +51,7 @@ from .access_review import AccessReviewer, AccessReviewsFailed
 from .backoff import Backoff
 from .client import CONNECTION_ERRORS, ApiClient
 from .discovery import DiscoveryClient, DiscoveryForbidden, DiscoveryResult, ResourceInfo, not_served
-from .discovery_triggers import APISERVICES, CRDS, DiscoveryTriggers, InformerProvider
+from .discovery_triggers import APISERVICES, CRDS, DiscoveryTriggers, InformerProvider, trigger_view
 from .errors import ApiError
 from .factory import DynamicSharedInformerFactory
 from .gvr import GVR
@@ -155,7 +155,7 @@ class DiscoveringDynamicSharedInformerFactory:
             options=options, metrics_registry=metrics_registry, field_selectors=field_selectors,
             metrics_cluster=metrics_cluster)
         self._meta = DynamicSharedInformerFactory(client, options=options, metrics_registry=metrics_registry,
-                                                  metrics_cluster=metrics_cluster)
+                                                  metrics_cluster=metrics_cluster, transform=trigger_view)
         # A trigger needs every object, whole: a selector or a transform of the user's would hide some. A shared
         # one is asked for with for_resource, so it is watched whether or not anybody requires it.
         shareable = label_selector is None and transform in (None, drop_managed_fields)

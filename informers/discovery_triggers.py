@@ -203,6 +203,26 @@ class DiscoveryTriggers:
             self._crd_retries = 0
 
 
+def trigger_view(obj: Obj) -> Obj:
+    """A CRD or APIService cut down to what the triggers read: name, uid and resourceVersion; a CRD's group,
+    plural and versions' ``name``/``served`` (not its schemas, often most of a cluster's CRD bytes); an
+    APIService's spec; the conditions' type and status. The transform of the triggers' private informers, so a
+    fleet member's CRD cache costs a few hundred bytes per CRD instead of its whole OpenAPI schema."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    if "versions" in spec and "names" in spec:  # a CRD (list items carry no kind)
+        spec = {"group": spec.get("group", ""), "names": {"plural": (spec.get("names") or {}).get("plural", "")},
+                "versions": [{"name": v.get("name", ""), "served": v.get("served", False)}
+                             for v in spec.get("versions") or ()]}
+    conditions = [{"type": c.get("type"), "status": c.get("status")}
+                  for c in (obj.get("status") or {}).get("conditions") or ()]
+    view: Obj = {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
+                 "spec": spec, "status": {"conditions": conditions}}
+    if "kind" in obj:
+        view["kind"] = obj["kind"]
+    return view
+
+
 def _established(crd: Obj) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True"
                for c in (crd.get("status") or {}).get("conditions") or ())

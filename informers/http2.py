@@ -82,7 +82,8 @@ class H2Connection(asyncio.Protocol):
         """
         loop = asyncio.get_running_loop()
         transport, conn = await loop.create_connection(
-            lambda: cls(authority, read_idle, ping_timeout, idle_timeout), host, port, ssl=context, server_hostname=server_hostname)
+            lambda: cls(authority, read_idle, ping_timeout, idle_timeout), host, port, ssl=context,
+            server_hostname=server_hostname)
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
             transport.close()

@@ -28,6 +28,15 @@ import yaml
 
 from .credentials import DEFAULT_TIMEOUT, ExecPlugin, _cluster_info, config_error, load_kubeconfig
 
+# libyaml's parser when PyYAML was built with it: the pure-Python one took ~4 ms a kubeconfig, 13 % of the CPU
+# of bringing a fleet member up.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def safe_load_yaml(data: Any) -> Any:
+    """``yaml.safe_load`` (the same rules and errors), on libyaml when it is there."""
+    return yaml.load(data, Loader=_LOADER)
+
 # The package's paths of the pod's service account.
 SERVICE_TOKEN_FILENAME = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 SERVICE_CERT_FILENAME = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
@@ -101,7 +110,7 @@ def _plain(paths: str, context: str | None, timeout: float) -> Loaded:
     for file in found:
         try:
             with open(file) as f:
-                doc = yaml.safe_load(f)
+                doc = safe_load_yaml(f)
         except Exception:
             raise _NotPlain from None
         _check(isinstance(doc, dict))

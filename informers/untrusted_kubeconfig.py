@@ -38,7 +38,7 @@ import yaml
 
 from .client import ApiClient
 from .credentials import API_VERSIONS, DEFAULT_TIMEOUT, ExecPlugin, _cluster_info
-from .kubeconfig import ClientConfig
+from .kubeconfig import ClientConfig, safe_load_yaml
 
 _T = TypeVar("_T")
 _KINDS: dict[type, str] = {str: "a string", bool: "true or false", list: "a list", dict: "a mapping"}
@@ -181,7 +181,7 @@ def _refuse_unsafe(cluster: _Entry, user: _Entry) -> None:
 
 def _parse(data: bytes | str, source: str) -> Any:
     try:
-        return yaml.safe_load(data)
+        return safe_load_yaml(data)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

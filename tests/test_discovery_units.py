@@ -129,3 +129,27 @@ async def test_access_reviews_of_a_pass_are_bounded_together() -> None:
     failed = await asyncio.wait_for(reviewer.check([WIDGETS, GADGETS], recheck_forbidden=False), 5)
     assert failed is not None and isinstance(failed.cause, TimeoutError)
     assert sorted(failed.undecided) == sorted([WIDGETS, GADGETS])
+
+
+def test_trigger_view_keeps_what_the_triggers_read_and_drops_schemas() -> None:
+    from informers.discovery_triggers import _aggregated, _available, _established, _served, trigger_view
+
+    schema = {"openAPIV3Schema": {"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(200)}}}
+    crd = {"metadata": {"name": "widgets.example.com", "uid": "u1", "resourceVersion": "7", "generation": 3,
+                        "annotations": {"big": "x" * 5000}},
+           "spec": {"group": "example.com", "names": {"plural": "widgets", "kind": "Widget"}, "scope": "Namespaced",
+                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": schema},
+                                 {"name": "v2", "served": False, "storage": False, "schema": schema}]},
+           "status": {"conditions": [{"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                                      "message": "the initial names have been accepted"}]}}
+    view = trigger_view(json.loads(json.dumps(crd)))
+    assert _established(view) and _served(view) == {"v1"} == _served(crd)
+    assert view["spec"]["group"] == "example.com" and view["spec"]["names"]["plural"] == "widgets"
+    assert view["metadata"] == {"name": "widgets.example.com", "uid": "u1", "resourceVersion": "7"}
+    assert len(json.dumps(view)) < len(json.dumps(crd)) // 20
+    svc = {"kind": "APIService", "metadata": {"name": "v1beta1.metrics.k8s.io", "resourceVersion": "9"},
+           "spec": {"group": "metrics.k8s.io", "version": "v1beta1",
+                    "service": {"name": "m", "namespace": "kube-system"}},
+           "status": {"conditions": [{"type": "Available", "status": "False", "reason": "MissingEndpoints"}]}}
+    view = trigger_view(json.loads(json.dumps(svc)))
+    assert view["spec"] == svc["spec"] and _aggregated(view) and not _available(view) and view["kind"] == "APIService"
