@@ -32,8 +32,9 @@ Where it differs from client-go, and why:
   second: one request a second to a server that is down, however many informers there are.
   Likewise the first answer after connection errors that is an error itself (typically the 410 that follows
   an apiserver restart) is backed off from the start of the sequence, not from where the outage left it.
-  Each of these shortcuts is taken at most once per failure streak (until the next sync or normal watch end),
-  and API errors are never cut short, so a watch that keeps failing backs off as usual instead of spinning.
+  Each of these shortcuts is taken at most once per failure streak (until the next sync, normal watch end or
+  the first event of a re-opened watch), and API errors are never cut short, so a watch that keeps failing
+  backs off as usual instead of spinning.
 - Nothing but cancellation ends ``run``: an error listener, the sink or the error handling itself raising is
   logged, and the reflector carries on (client-go's equivalent, a panic, is also recovered and retried).
 
@@ -394,9 +395,16 @@ class Reflector:
             # Watching again: the last failure no longer describes the informer (it shows in status and
             # per-cluster readiness until now).
             self.last_error = None
+            # A watch re-opened after a connection failure ends that failure streak with its first event: the
+            # next cut (one dead HTTP/2 connection fails every watch on it at once) gets the shortcut again
+            # instead of sleeping out a backoff grown by the cut before.
+            unproven = self._unreachable or self._shortcut_taken
             async for ev in events:
                 typ = ev["type"]
                 obj = ev["object"]
+                if unproven and pending is None:
+                    unproven = False
+                    self._succeeded()
                 if typ == "BOOKMARK":
                     counts["BOOKMARK"] += 1
                     meta = obj["metadata"]

@@ -485,3 +485,20 @@ async def test_stopped_informers_leave_no_metric_series():
         await asyncio.gather(*(i.stop() for i in informers))  # stopping twice is harmless
     assert all(samples_of(registry, g) == [] for g in gvrs)
     assert not any(str(g) in s.labels.values() for f in registry.collect() for s in f.samples for g in gvrs)
+
+
+async def test_a_watch_that_delivered_again_gets_the_shortcut_at_the_next_cut():
+    # Cut, re-watch with an event, cut again (one dead HTTP/2 connection under every watch, twice): the second
+    # cut is cut short by the server answering too, not slept out at the backoff the first one grew.
+    client = FakeClient([page("10")], [refused(), [added("x", "11"), refused()], [added("y", "12")]])
+    sink, delays, backoff = Sink(), [], SlowBackoff()
+    r = reflector(client, sink, delays, backoff=backoff)
+    async with running(r):
+        await eventually(lambda: len(delays) == 1, 10, "the first cut")
+        client.recover()
+        await eventually(lambda: len(delays) == 2, 10, "the second cut, after an event")
+        await settle()
+        assert sink.events == ["ADDED"] and len(client.watch_params) == 2
+        client.recover()
+        await eventually(lambda: sink.events == ["ADDED", "ADDED"], 10, "the prompt re-watch after the second cut")
+        assert backoff.resets == 2
