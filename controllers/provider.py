@@ -1,0 +1,120 @@
+"""ClusterProvider: a source of member clusters (multicluster-runtime's ``Provider``), and what it says of each.
+
+A provider turns some source of truth (kubeconfig Secrets, Cluster API Secrets, kubeconfig files, the local
+cluster) into named connection configs. multicluster-runtime's providers engage clusters themselves (they call
+the manager's ``Engage``), so each provider re-implements when a cluster starts and stops, and a provider that
+misses a delete leaves a cluster engaged. Here a provider only says what it knows, level-based: ``get(name)`` and
+``names()`` read its current view, and the callback it is started with says which name may have changed. What
+follows from that view (precedence between providers, which replica runs a cluster, rotation to a new
+kubeconfig, teardown) is decided once, downstream (``providers.py``, ``coordinator.py``, ``cluster_registry.py``),
+so a restart or a second replica computes the same members from the providers' state alone.
+
+What a provider hands over is data, one of three kinds of connection: an untrusted kubeconfig (from cluster
+state: exec plugins only from the allow-list, no file paths, see ``informers.untrusted_kubeconfig``), a trusted
+kubeconfig file (the operator's own: loaded as ``kubectl`` would), or the local cluster (the management client).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from informers.untrusted_kubeconfig import kubeconfig_hash
+
+
+@dataclass(frozen=True)
+class UntrustedKubeconfig:
+    """A kubeconfig read from cluster state (a Secret): ``data`` None when the field ``where`` is missing (the
+    member is refused with that message until its source changes)."""
+
+    data: bytes | None
+    where: str = "data key 'kubeconfig'"
+
+
+@dataclass(frozen=True)
+class KubeconfigFile:
+    """A context of a kubeconfig file of the operator's (trusted); ``digest``: of the file's bytes when read, so a
+    rewritten file rotates the member and an untouched one does not."""
+
+    path: str
+    context: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class LocalConnection:
+    """The management cluster itself: the sidecar's own client and informers."""
+
+
+Connection = UntrustedKubeconfig | KubeconfigFile | LocalConnection
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What a provider says of cluster ``name``: where it comes from (``source``, for status and logs, e.g.
+    ``secret fleet/east``) and how to connect."""
+
+    name: str
+    source: str
+    connection: Connection
+
+    @property
+    def digest(self) -> str:
+        """Equal for configs that connect the same way: an unchanged one restarts nothing."""
+        c = self.connection
+        if isinstance(c, UntrustedKubeconfig):
+            return kubeconfig_hash(c.data) if c.data is not None else ""
+        if isinstance(c, KubeconfigFile):
+            return f"{c.path}\0{c.context}\0{c.digest}"
+        return "local"
+
+    @property
+    def local(self) -> bool:
+        """Whether this is the management cluster itself."""
+        return isinstance(self.connection, LocalConnection)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A claim on cluster ``cluster`` that does not register it: ``kind`` and ``key`` name the claimant as status
+    shows it (e.g. ``secret`` ``fleet/east``), ``holder`` the source that holds the name ("" if none does)."""
+
+    kind: str
+    key: str
+    cluster: str
+    holder: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{<kind>: key, "cluster", "message"}``."""
+        return {self.kind: self.key, "cluster": self.cluster, "message": self.message}
+
+
+Changed = Callable[[str], None]
+"""Called by a provider with a cluster name whenever what ``get(name)`` returns may have changed."""
+
+
+@runtime_checkable
+class ClusterProvider(Protocol):
+    """A source of member clusters; ``name`` is its name in the ``clusters.providers`` setting.
+
+    ``start(changed)`` begins watching and returns at once; ``wait_synced(timeout)`` returns True once the
+    provider has read its source fully once (its first list), False after ``timeout``; ``stop()`` stops watching,
+    awaited. ``conflicts()`` are claims inside this provider that lost (two Secrets naming one cluster), and
+    ``status()`` its own part of ``/status`` (what it watches)."""
+
+    name: str
+
+    def get(self, cluster: str) -> ClusterConfig | None: ...
+
+    def names(self) -> set[str]: ...
+
+    def conflicts(self) -> list[Conflict]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def start(self, changed: Changed) -> None: ...
+
+    async def wait_synced(self, timeout: float) -> bool: ...
+
+    async def stop(self) -> None: ...

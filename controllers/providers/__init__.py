@@ -1,0 +1,1 @@
+"""The cluster providers (``controllers.provider.ClusterProvider``): one module each."""
