@@ -84,7 +84,8 @@ def runner_main(args: argparse.Namespace) -> None:
 
 
 async def _runner(args: argparse.Namespace, settings: Any, loop_note: str) -> None:
-    from controllers.cluster_registry import ClusterRegistry, RegistryOptions
+    from controllers.cluster_registry import ClusterRegistry
+    from controllers.providers.secrets import SecretOptions, SecretProvider
     from informers import LabelSelector
     from syncer.builtin.cached_resources.replication import Replication
     from syncer.logs import setup_logging
@@ -93,7 +94,7 @@ async def _runner(args: argparse.Namespace, settings: Any, loop_note: str) -> No
     setup_logging(settings.log_level, settings.log_format)
     small_tls_read_buffers()
     api = ApiClient.from_kubeconfig(args.kubeconfig)
-    registry = ClusterRegistry(api, RegistryOptions(namespaces=(SECRETS_NS,)))
+    registry = ClusterRegistry(api, [SecretProvider(api, SecretOptions(namespaces=(SECRETS_NS,)))])
     await registry.start()
     while registry.list_clusters() != [CLUSTER]:
         await asyncio.sleep(0.05)

@@ -129,7 +129,8 @@ async def _fleet(kubeconfig: str, s: Any) -> None:
     from controllers.cluster_registry import ClusterRegistry
     from informers import GVR, ApiClient
     from syncer.logs import setup_logging
-    from syncer.runtime import member_factory, registry_options, small_tls_read_buffers
+    from syncer.cluster_providers import cluster_providers, member_options
+    from syncer.runtime import member_factory, small_tls_read_buffers
 
     setup_logging("WARNING", s.log_format)
     small_tls_read_buffers()
@@ -143,7 +144,7 @@ async def _fleet(kubeconfig: str, s: Any) -> None:
     controllers = {"bench": ManagedController([configmaps], create)}
     api = ApiClient.from_kubeconfig(kubeconfig)
     # As Syncer._lead_fleet sets them up (without the management plane's own discovering factory).
-    registry = ClusterRegistry(api, registry_options(s), required={configmaps},
+    registry = ClusterRegistry(api, cluster_providers(s, api), member_options(s), required={configmaps},
                                make_factory=lambda client, name: member_factory(s, client, name))
     per_cluster = ClusterControllers(controllers, name="bench", workers=s.workers, resync_period=s.resync or None,
                                      start_timeout=s.start_timeout)

@@ -32,7 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from controllers.cluster_registry import ClusterRegistry, RegistryOptions  # noqa: E402
+from controllers.cluster_registry import ClusterRegistry  # noqa: E402
+from controllers.member import MemberOptions  # noqa: E402
+from controllers.providers.secrets import SecretOptions, SecretProvider  # noqa: E402
 from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory  # noqa: E402
 from syncer.testing import ControlPlane  # noqa: E402
 
@@ -48,7 +50,7 @@ def _setup(api: ApiClient, label: str, probe: float, full: float) -> tuple[Clust
             client, watch="required", name=f"discovery {name}", metrics_registry=metrics, metrics_cluster=name,
             rediscovery_interval=60.0, full_rediscovery_interval=full)
 
-    registry = ClusterRegistry(api, RegistryOptions(namespaces=(label,), probe_interval=probe),
+    registry = ClusterRegistry(api, [SecretProvider(api, SecretOptions(namespaces=(label,)))], MemberOptions(probe_interval=probe),
                                required=[CONFIGMAPS], make_factory=make, metrics_registry=metrics, name=label)
     return registry, metrics
 

@@ -25,19 +25,24 @@ from informers.client import CONNECTION_ERRORS
 from .fence import OPEN, Fence
 
 LOCAL_CLUSTER = ""
-"""The name of the management cluster itself (skv2's ``LocalCluster``), a member when ``include_local`` is set."""
+"""The name of the management cluster itself (skv2's ``LocalCluster``), a member when ``include_local`` is set.
+
+One rule for how it appears: where a cluster *name* goes (status ``name``, metric label ``cluster``, a request's
+cluster) it is this empty name, as the sidecar's own informers are labelled in single-cluster mode too; where
+a cluster is *shown* to a person (logs, status ``display_name``, status rows, union names) it is
+``display_name``'s ``(local)``, which no valid cluster name can be."""
 
 Cleanup = Callable[[], Awaitable[None]]
 
 
 def display_name(cluster: str) -> str:
-    """How a cluster is named in logs and metric labels: the local cluster's name is empty."""
+    """How a cluster is shown to a person: its name, or ``(local)`` for the local cluster (see LOCAL_CLUSTER)."""
     return cluster if cluster != LOCAL_CLUSTER else "(local)"
 
 
 def qualified(controller: str, cluster: str) -> str:
-    """A per-cluster controller's name in status rows: ``name (cluster c1)``, or ``name (local cluster)``."""
-    return f"{controller} ({'local cluster' if cluster == LOCAL_CLUSTER else f'cluster {cluster}'})"
+    """A per-cluster controller's name in status rows: ``name (cluster c1)``, ``name (cluster (local))``."""
+    return f"{controller} (cluster {display_name(cluster)})"
 
 
 class ConditionType(enum.StrEnum):

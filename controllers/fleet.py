@@ -36,7 +36,8 @@ from informers.store import DeletedFinalStateUnknown, Obj
 from informers.union_lister import UnionLister
 
 from .cluster import LOCAL_CLUSTER, Cluster, ClusterContext, display_name
-from .cluster_registry import ClusterClients, ClusterRegistry
+from .cluster_clients import ClusterClients
+from .cluster_registry import ClusterRegistry
 from .context import ReconcileStats
 from .fence import OPEN, Fence, fenced
 from .metrics import reconcile_metrics

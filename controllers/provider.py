@@ -6,7 +6,7 @@ the manager's ``Engage``), so each provider re-implements when a cluster starts 
 misses a delete leaves a cluster engaged. Here a provider only says what it knows, level-based: ``get(name)`` and
 ``names()`` read its current view, and the callback it is started with says which name may have changed. What
 follows from that view (precedence between providers, which replica runs a cluster, rotation to a new
-kubeconfig, teardown) is decided once, downstream (``providers.py``, ``coordinator.py``, ``cluster_registry.py``),
+kubeconfig, teardown) is decided once, downstream (``provider_set.py``, ``coordinator.py``, ``cluster_registry.py``),
 so a restart or a second replica computes the same members from the providers' state alone.
 
 What a provider hands over is data, one of three kinds of connection: an untrusted kubeconfig (from cluster
@@ -33,8 +33,8 @@ class UntrustedKubeconfig:
 
 @dataclass(frozen=True)
 class KubeconfigFile:
-    """A context of a kubeconfig file of the operator's (trusted); ``digest``: of the file's bytes when read, so a
-    rewritten file rotates the member and an untouched one does not."""
+    """A context of a kubeconfig file of the operator's (trusted); ``digest``: of that context and the cluster and
+    user entries it names, so editing one context rotates only its member."""
 
     path: str
     context: str

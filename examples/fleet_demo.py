@@ -36,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loguru import logger  # noqa: E402
 
 from controllers.cluster_controllers import ClusterControllers  # noqa: E402
-from controllers.cluster_registry import ClusterRegistry, RegistryOptions  # noqa: E402
+from controllers.cluster_registry import ClusterRegistry  # noqa: E402
+from controllers.member import MemberOptions  # noqa: E402
+from controllers.providers.secrets import SecretOptions, SecretProvider  # noqa: E402
 from controllers.fleet import FleetLoop  # noqa: E402
 from examples.plugins import fleet_report, widget_status  # noqa: E402
 from examples.plugins.widget_status import WIDGETS  # noqa: E402
@@ -129,8 +131,8 @@ class Fleet:
         fleet = fleet_report.syncer_fleet_controllers({"namespace": NAMESPACE})
         required = {gvr for spec in per_cluster.values() for gvr in spec.required_gvrs}
         required |= {spec.gvr for spec in fleet.values()}
-        self.registry = ClusterRegistry(management, RegistryOptions(namespaces=(NAMESPACE,), probe_interval=2.0),
-                                        required=required)
+        secrets = SecretProvider(management, SecretOptions(namespaces=(NAMESPACE,)))
+        self.registry = ClusterRegistry(management, [secrets], MemberOptions(probe_interval=2.0), required=required)
         self.controllers = ClusterControllers(per_cluster, name="demo")
         [(name, spec)] = fleet.items()
         self.loop = FleetLoop(name, spec, self.registry.clients, management=management)

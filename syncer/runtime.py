@@ -46,7 +46,7 @@ from prometheus_client import Counter, Gauge
 from controllers import OPEN, ControllerManager, Fence, ManagedController
 from controllers.cluster import display_name, qualified
 from controllers.cluster_controllers import ClusterControllers
-from controllers.cluster_registry import ClusterRegistry, RegistryOptions
+from controllers.cluster_registry import ClusterRegistry
 from controllers.fence import fenced
 from controllers.fleet import FleetLoop, FleetScope
 from informers import (
@@ -57,6 +57,7 @@ from informers.client import CONNECTION_ERRORS
 from informers.errors import describe_error
 from informers.wait import wait_first
 
+from .cluster_providers import cluster_providers, member_options
 from .lease import default_identity
 from .plugins import Plugins
 from .runnables import Runnables, Stores
@@ -383,9 +384,9 @@ class Syncer:
         required = {g for spec in self.controllers.values() for g in spec.required_gvrs}
         required |= {spec.gvr for spec in self.fleet.values()}
         registry = self.registry = ClusterRegistry(
-            self.client, registry_options(self.settings), required=required,
-            make_factory=partial(member_factory, self.settings),
-            local_factory=self.factory, fence=fence, supervisor=self.supervisor)
+            self.client, cluster_providers(self.settings, self.client), member_options(self.settings),
+            required=required, make_factory=partial(member_factory, self.settings), local_factory=self.factory,
+            fence=fence, supervisor=self.supervisor)
         self.cluster_controllers = ClusterControllers(
             self.controllers, name=self.identity, fence=fence, workers=self.settings.workers,
             resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(),
@@ -411,16 +412,15 @@ class Syncer:
         s = self.settings
         units: ClusterUnits | ControllerUnits
         if s.sharding.unit_kind(s.clusters.enabled) == "clusters":
-            self.registry = ClusterRegistry(
-                self.client, registry_options(s),
-                required={g for spec in self.controllers.values() for g in spec.required_gvrs},
-                make_factory=partial(member_factory, s), local_factory=self.factory, supervisor=self.supervisor,
-                gate=lambda name: self.shards.fence_for(name) if self.shards is not None else None)
             self.cluster_controllers = ClusterControllers(
                 self.controllers, name=self.identity, workers=s.workers, resync_period=s.resync or None,
                 stop_timeout=self._shard_stop_timeout(), start_timeout=s.start_timeout, supervisor=self.supervisor)
+            units = ClusterUnits(self.cluster_controllers)
+            self.registry = ClusterRegistry(
+                self.client, cluster_providers(s, self.client), member_options(s), coordinator=units,
+                required={g for spec in self.controllers.values() for g in spec.required_gvrs},
+                make_factory=partial(member_factory, s), local_factory=self.factory, supervisor=self.supervisor)
             await self.registry.register_cluster_handler(self.cluster_controllers)
-            units = ClusterUnits(self.registry, self.cluster_controllers)
         else:
             units = self.unit_controllers = ControllerUnits(sorted(self.controllers), self._unit_manager)
 
@@ -507,14 +507,6 @@ class Syncer:
             await self.factory.shutdown()
         await self.client.close()
         self._log.info("stopped")
-
-
-def registry_options(settings: Settings) -> RegistryOptions:
-    """The cluster registry's options, from ``[clusters]``."""
-    c = settings.clusters
-    return RegistryOptions(namespaces=c.namespaces, label_selectors=c.label_selectors, secret_types=c.secret_types,
-                           include_local=c.include_local, allowed_exec_commands=c.allowed_exec_commands,
-                           sync_timeout=c.sync_timeout, probe_interval=c.probe_interval)
 
 
 def member_factory(settings: Settings, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from loguru import logger
 
-from controllers.cluster_registry import DEFAULT_LABEL_SELECTORS, DEFAULT_SECRET_TYPES
+from controllers.providers.secrets import DEFAULT_LABEL_SELECTORS, DEFAULT_SECRET_TYPES
 from informers.discovering_factory import WatchMode
 from informers.field_selector import FieldSelector
 from informers.gvr import GVR

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from controllers import ControllerManager, Fence
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
+from controllers.coordinator import ClusterView, Members
 
 from .shards import UnitFence
 
@@ -48,21 +49,43 @@ class ControllerUnits:
 
 
 class ClusterUnits:
-    """Each member cluster is a unit: the registry connects to it (and its controllers start, through
-    ``ClusterControllers``) only while this replica owns it."""
+    """Each member cluster is a unit, and this is the registry's coordinator: a cluster is engaged (its controllers
+    start, through ``ClusterControllers``) only while this replica holds its unit, under the unit's fence."""
 
     kind = "cluster"
 
-    def __init__(self, registry: ClusterRegistry, per_cluster: ClusterControllers) -> None:
-        self.registry = registry
+    def __init__(self, per_cluster: ClusterControllers) -> None:
         self.per_cluster = per_cluster
+        self._members: ClusterRegistry | None = None
+        self._view: ClusterView | None = None
+        self._fences: dict[str, UnitFence] = {}  # the units this replica holds
+
+    def attach(self, members: Members, view: ClusterView) -> None:
+        assert isinstance(members, ClusterRegistry)
+        self._members, self._view = members, view
+
+    def changed(self, name: str) -> None:
+        """A held cluster's new config rotates it; one no provider gives any more leaves by its unit's stop (the
+        shard coordinator sees it gone from ``names()``); another replica's is none of this one's business."""
+        fence = self._fences.get(name)
+        config = self._view.get(name) if self._view is not None else None
+        if fence is not None and config is not None and self._members is not None:
+            self._members.engage(config, fence)
 
     def names(self) -> set[str]:
-        return self.registry.candidates()
+        return self._view.names() if self._view is not None else set()
 
     async def start(self, unit: str, fence: UnitFence) -> None:
-        await self.registry.engage(unit)
+        assert self._members is not None and self._view is not None, "the registry attaches first"
+        self._fences[unit] = fence
+        config = self._view.get(unit)
+        if config is not None:
+            self._members.engage(config, fence)
+            await self._members.wait_engaged(unit)
 
     async def stop(self, unit: str) -> list[str]:
-        await self.registry.disengage(unit)
+        assert self._members is not None
+        self._fences.pop(unit, None)
+        self._members.disengage(unit, "another replica runs it now")
+        await self._members.wait_gone(unit)
         return self.per_cluster.take_stuck(unit)

@@ -91,7 +91,7 @@ async def src_ns(src: ApiClient) -> AsyncIterator[str]:
 @contextlib.asynccontextmanager
 async def fleet(api: ApiClient, secrets_ns: str, source: ControlPlane,
                 names: tuple[str, ...] = ("src",)) -> AsyncIterator[ClusterRegistry]:
-    registry = ClusterRegistry(api, options(secrets_ns))
+    registry = ClusterRegistry(api, *options(api, secrets_ns))
     await registry.start()
     try:
         for name in names:

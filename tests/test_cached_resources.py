@@ -43,7 +43,7 @@ class Running:
 
     def __init__(self, api: ApiClient, ns: str, **kw: Any) -> None:
         self.api = api
-        self.registry = ClusterRegistry(api, options(ns), required=[])
+        self.registry = ClusterRegistry(api, *options(api, ns), required=[])
         self.factory = DiscoveringDynamicSharedInformerFactory(api, watch="required")
         self.component = CachedResources(Options(identity_namespace=ns, **kw))
         self.task: asyncio.Task[None] | None = None

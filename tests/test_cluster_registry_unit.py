@@ -11,13 +11,18 @@ from typing import Any
 import kubernetes
 import pytest
 
-from controllers import cluster_registry
+from controllers import member
 from controllers.cluster import ClusterContext
-from controllers.cluster_registry import ClusterRegistry, RegistryOptions
+from controllers.cluster_registry import ClusterRegistry
+from controllers.member import MemberOptions
+from controllers.provider import ClusterConfig, Conflict, UntrustedKubeconfig
+from controllers.providers.secrets import SecretOptions, SecretProvider
 from controllers.fleet import FleetController, FleetLoop, _Feed, union_name
 from informers import GVR, ApiClient
 from informers.source import Notifier
 from informers.request_metrics import RequestCounts
+
+from .helpers import eventually
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
 CONNECT_DELAY: dict[bytes, float] = {}  # kubeconfig -> how long connecting with it takes
@@ -76,23 +81,56 @@ class FakeFactory:
         self.notifier.close_all()
 
 
-@pytest.fixture
-def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(cluster_registry, "client_from_untrusted_kubeconfig", lambda data, **kw: FakeClient(data))
+class FakeProvider:
+    """A provider whose clusters the test sets: the registry's seam for any source."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.configs: dict[str, ClusterConfig] = {}
+
+    def get(self, cluster: str) -> ClusterConfig | None:
+        return self.configs.get(cluster)
+
+    def names(self) -> set[str]:
+        return set(self.configs)
+
+    def conflicts(self) -> list[Conflict]:
+        return []
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    async def start(self, changed: Any) -> None: ...
+
+    async def wait_synced(self, timeout: float) -> bool:
+        return True
+
+    async def stop(self) -> None: ...
+
+
+def management() -> ApiClient:
     config = kubernetes.client.Configuration()
     config.host = "https://127.0.0.1:1"
-    reg = ClusterRegistry(ApiClient(config), RegistryOptions(namespaces=("ns",), probe_interval=3600),
+    return ApiClient(config)
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(member, "client_from_untrusted_kubeconfig", lambda data, **kw: FakeClient(data))
+    provider = FakeProvider()
+    reg = ClusterRegistry(management(), [provider], MemberOptions(probe_interval=3600),
                           make_factory=FakeFactory)  # type: ignore[arg-type]
-    return reg, reg._informers[0].store  # the Secrets, as the first informer's cache (never started)
+    return reg, provider
 
 
-def put(reg: ClusterRegistry, secrets: Any, data: bytes | None) -> None:
+def put(reg: ClusterRegistry, provider: FakeProvider, data: bytes | None, name: str = "c1") -> None:
+    """Cluster ``name`` given with kubeconfig ``data`` (None: no longer given), and the coordinator told."""
     if data is None:
-        secrets.delete("ns/c1")
+        provider.configs.pop(name, None)
     else:
-        secrets.upsert({"metadata": {"name": "c1", "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
-                        "data": {"kubeconfig": base64.b64encode(data).decode()}})
-    reg._sync("ns/c1")
+        provider.configs[name] = ClusterConfig(name, f"fake {name}", UntrustedKubeconfig(data))
+    reg.coordinator.changed(name)
 
 
 async def settle(rounds: int = 30) -> None:
@@ -113,7 +151,7 @@ async def test_deleting_during_a_pending_rotation_stops_every_connection(registr
     handler = Blocking()
     await reg.register_cluster_handler(handler)
     put(reg, secrets, b"v1")
-    await settle()
+    await eventually(lambda: reg.list_clusters() == ["c1"], 5, "c1 engaged")
     first = reg._members["c1"]
     handler.gate = asyncio.Event()  # v2 stays inside its engagement, still replacing v1
     put(reg, secrets, b"v2")
@@ -148,7 +186,7 @@ async def test_a_cancellation_does_not_cut_the_old_connections_cleanups_short(re
 
     await reg.register_cluster_handler(Slow())
     put(reg, secrets, b"v1")
-    await settle()
+    await eventually(lambda: reg.list_clusters() == ["c1"], 5, "c1 engaged")
     put(reg, secrets, b"v2")  # v1's slow cleanup runs while v2 waits for it...
     await asyncio.sleep(0.1)
     put(reg, secrets, None)  # ...and v2 is cancelled meanwhile
@@ -192,16 +230,19 @@ async def test_the_local_cluster_joins_a_fleet_union_under_a_name() -> None:
     assert loop.union.clusters() == []
 
 
-async def test_an_annotation_naming_an_invalid_cluster_is_reported(registry: Any) -> None:
-    reg, secrets = registry
-    secrets.upsert({"metadata": {"name": "c1", "namespace": "ns",
-                                 "annotations": {"kube-syncer.io/cluster-name": "Prod"}},
-                    "data": {"kubeconfig": base64.b64encode(b"x").decode()}})
-    reg._sync("ns/c1")
-    assert reg._members == {}
-    (conflict,) = reg.status()["conflicts"]
-    assert "'Prod'" in conflict["message"] and "DNS-1123" in conflict["message"]
-    await reg.stop()
+async def test_an_annotation_naming_an_invalid_cluster_is_reported() -> None:
+    provider = SecretProvider(management(), SecretOptions(namespaces=("ns",)))
+    changed: list[str] = []
+    await provider.start(changed.append)
+    secret = {"metadata": {"name": "c1", "namespace": "ns", "annotations": {"kube-syncer.io/cluster-name": "Prod"}},
+              "data": {"kubeconfig": base64.b64encode(b"x").decode()}}
+    provider._informers[0].store.upsert(secret)  # as the informer's cache has it (never listed)
+    provider._saw(secret)
+    assert changed == [] and provider.names() == set() and provider.get("Prod") is None
+    (conflict,) = provider.conflicts()
+    assert "'Prod'" in conflict.message and "DNS-1123" in conflict.message
+    assert conflict.as_dict()["secret"] == "ns/c1"
+    await provider.stop()
 
 
 async def test_a_slow_cleanup_in_one_cluster_delays_no_other(registry: Any) -> None:
@@ -218,13 +259,7 @@ async def test_a_slow_cleanup_in_one_cluster_delays_no_other(registry: Any) -> N
             ctx.add_cleanup(cleanup)
 
     def put_named(name: str, present: bool) -> None:
-        key = f"ns/{name}"
-        if present:
-            secrets.upsert({"metadata": {"name": name, "namespace": "ns"},
-                            "data": {"kubeconfig": base64.b64encode(name.encode()).decode()}})
-        else:
-            secrets.delete(key)
-        reg._sync(key)
+        put(reg, secrets, name.encode() if present else None, name)
 
     await reg.register_cluster_handler(SlowToLeave())
     put_named("slow", True)
@@ -260,7 +295,7 @@ async def test_a_second_rotation_keeps_the_working_connection(registry: Any) -> 
     log = Log()
     await reg.register_cluster_handler(log)
     put(reg, secrets, b"v1")
-    await settle()
+    await eventually(lambda: reg.list_clusters() == ["c1"], 5, "c1 engaged")
     CONNECT_DELAY.update({b"v2": 1.0, b"v3": 0.3, b"v4": 1.0})
     try:
         put(reg, secrets, b"v2")  # still connecting when...
@@ -274,7 +309,7 @@ async def test_a_second_rotation_keeps_the_working_connection(registry: Any) -> 
         await settle()
         put(reg, secrets, b"v3")  # back to the running one while v4 connects: nothing reconnects
         await asyncio.sleep(0.1)
-        assert reg._members["c1"].data == b"v3" and log.events[-1] == ("cleanup", b"v1")
+        assert reg._members["c1"].config.connection.data == b"v3" and log.events[-1] == ("cleanup", b"v1")
     finally:
         CONNECT_DELAY.clear()
         await reg.stop()
@@ -293,7 +328,7 @@ async def test_removal_during_an_engagement_calls_remove_cluster_once(registry: 
     await reg.register_cluster_handler(log)
     await reg.register_cluster_handler(Slow())
     put(reg, secrets, b"v1")
-    await settle()
+    await eventually(lambda: reg.list_clusters() == ["c1"], 5, "c1 engaged")
     put(reg, secrets, b"v2")  # told to the log, then stuck in Slow
     await settle()
     put(reg, secrets, None)

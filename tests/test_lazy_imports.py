@@ -45,7 +45,8 @@ def test_the_fleet_process_imports_none_of_the_optional_parts(tmp_path: Path) ->
     code = f"""
 import informers, controllers, syncer.runtime, syncer.cli
 from controllers.cluster_controllers import ClusterControllers
-from controllers.cluster_registry import ClusterRegistry, RegistryOptions
+from controllers.cluster_registry import ClusterRegistry
+from controllers.providers.secrets import SecretProvider
 from informers import ApiClient, client_from_untrusted_kubeconfig
 from informers.kubeconfig import ClientConfig
 from syncer.settings import Settings
@@ -53,7 +54,8 @@ ApiClient.from_kubeconfig({str(path)!r})
 ApiClient.from_kubeconfig({str(exec_path)!r})
 ApiClient(ClientConfig("https://127.0.0.1:6443"))
 client_from_untrusted_kubeconfig(open({str(path)!r}).read())
-ClusterRegistry(ApiClient.from_kubeconfig({str(path)!r}), RegistryOptions(), make_factory=lambda c, n: None)
+api = ApiClient.from_kubeconfig({str(path)!r})
+ClusterRegistry(api, [SecretProvider(api)], make_factory=lambda c, n: None)
 ClusterControllers({{}}, name="x")
 Settings()
 """

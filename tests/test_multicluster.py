@@ -23,7 +23,10 @@ from loguru import logger
 from controllers import ManagedController
 from controllers.cluster import Cluster, ClusterContext
 from controllers.cluster_controllers import ClusterControllers
-from controllers.cluster_registry import ClusterRegistry, RegistryOptions
+from controllers.cluster_registry import ClusterRegistry
+from controllers.member import MemberOptions
+from controllers.provider import ClusterProvider
+from controllers.providers.secrets import SecretOptions, SecretProvider
 from controllers.fleet import FleetController, FleetLoop
 from controllers.reconcile import Request
 from informers import GVR, ApiClient, ClusterNotFound
@@ -138,9 +141,15 @@ async def fleet_ns(api: ApiClient) -> Any:
         yield name
 
 
-def options(ns: str, **kw: Any) -> RegistryOptions:
-    return RegistryOptions(namespaces=(ns,), sync_timeout=kw.pop("sync_timeout", 20.0),
-                           probe_interval=kw.pop("probe_interval", 0.5), **kw)
+def secrets(api: ApiClient, *namespaces: str) -> list[ClusterProvider]:
+    """The kubeconfig-Secret provider over ``namespaces``."""
+    return [SecretProvider(api, SecretOptions(namespaces=namespaces))]
+
+
+def options(api: ApiClient, ns: str, **kw: Any) -> tuple[list[ClusterProvider], MemberOptions]:
+    """The providers and member options of a registry over the Secrets of ``ns``."""
+    return secrets(api, ns), MemberOptions(sync_timeout=kw.pop("sync_timeout", 20.0),
+                                           probe_interval=kw.pop("probe_interval", 0.5), **kw)
 
 
 def member(registry: ClusterRegistry, name: str) -> dict[str, Any] | None:
@@ -167,7 +176,7 @@ async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: s
     sink = logger.add(lambda m: log.append(str(m)), level="DEBUG")
     starts = Starts(CONFIGMAPS)
     recorder = Recorder()
-    registry = ClusterRegistry(api, options(fleet_ns), required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, *options(api, fleet_ns), required=[CONFIGMAPS])
     per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
     fleet = FleetRecorder()
     loop = FleetLoop("cm-fleet", fleet.spec(CONFIGMAPS), registry.clients, management=api)
@@ -228,7 +237,7 @@ async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: s
 async def test_deleted_while_unreachable_stops_retrying(api: ApiClient, fleet_ns: str,
                                                         workloads: tuple[ControlPlane, ControlPlane]) -> None:
     a, _ = workloads
-    registry = ClusterRegistry(api, options(fleet_ns), required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, *options(api, fleet_ns), required=[CONFIGMAPS])
     await registry.start()
     try:
         await put_secret(api, fleet_ns, "nowhere", kubeconfig(a, server="https://127.0.0.1:1"))
@@ -259,8 +268,8 @@ async def test_conflicts_and_untrusted_kubeconfigs(api: ApiClient, fleet_ns: str
                           "interactiveMode": "Never"}}
     log: list[str] = []
     sink = logger.add(lambda m: log.append(str(m)), level="DEBUG")
-    registry = ClusterRegistry(api, RegistryOptions(namespaces=(fleet_ns, other), sync_timeout=20,
-                                                    allowed_exec_commands=(str(plugin),)), required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, secrets(api, fleet_ns, other),
+                               MemberOptions(sync_timeout=20, allowed_exec_commands=(str(plugin),)), required=[CONFIGMAPS])
     await registry.start()
     try:
         await put_secret(api, fleet_ns, "same", kubeconfig(a))
@@ -300,7 +309,7 @@ async def test_crd_in_one_cluster_then_another(api: ApiClient, fleet_ns: str,
     a, b = workloads
     starts = Starts(GADGETS)
     fleet = FleetRecorder()
-    registry = ClusterRegistry(api, options(fleet_ns), required=[GADGETS])
+    registry = ClusterRegistry(api, *options(api, fleet_ns), required=[GADGETS])
     per_cluster = ClusterControllers({"gadgets": starts.spec()}, name="t")
     loop = FleetLoop("gadget-fleet", fleet.spec(GADGETS), registry.clients, management=api)
     await registry.register_cluster_handler(per_cluster)
@@ -354,7 +363,7 @@ async def test_one_workload_down_only_it_goes_not_ready(api: ApiClient, fleet_ns
     down = control_plane_factory()
     up = control_plane_factory()
     starts = Starts(CONFIGMAPS)
-    registry = ClusterRegistry(api, options(fleet_ns), required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, *options(api, fleet_ns), required=[CONFIGMAPS])
     per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
     await registry.register_cluster_handler(per_cluster)
     await registry.start()
@@ -379,7 +388,7 @@ async def test_many_add_remove_cycles_leak_nothing(api: ApiClient, fleet_ns: str
     a, _ = workloads
     recorder = Recorder()
     starts = Starts(CONFIGMAPS)
-    registry = ClusterRegistry(api, options(fleet_ns), required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, *options(api, fleet_ns), required=[CONFIGMAPS])
     per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
     await registry.register_cluster_handler(per_cluster)
     await registry.register_cluster_handler(recorder)
@@ -418,7 +427,7 @@ async def test_fifty_members_against_one_apiserver(api: ApiClient, fleet_ns: str
                                                    workloads: tuple[ControlPlane, ControlPlane]) -> None:
     a, _ = workloads
     starts = Starts(CONFIGMAPS)
-    registry = ClusterRegistry(api, options(fleet_ns, sync_timeout=60.0), required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, *options(api, fleet_ns, sync_timeout=60.0), required=[CONFIGMAPS])
     per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
     await registry.register_cluster_handler(per_cluster)
     tasks_before = len(asyncio.all_tasks())
@@ -456,7 +465,7 @@ async def test_a_contested_name_goes_to_the_oldest_secret_across_restarts(
     a, b = workloads
     ns1, ns2 = fleet_ns, f"{fleet_ns}-2"
     await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns2}})
-    opts = RegistryOptions(namespaces=(ns1, ns2), sync_timeout=20.0, probe_interval=3600)
+    opts = MemberOptions(sync_timeout=20.0, probe_interval=3600)
 
     def host(registry: ClusterRegistry, name: str) -> str | None:
         try:
@@ -467,7 +476,7 @@ async def test_a_contested_name_goes_to_the_oldest_secret_across_restarts(
     def conflicts(registry: ClusterRegistry) -> set[str]:
         return {c["secret"] for c in registry.status()["conflicts"]}
 
-    registry = ClusterRegistry(api, opts, required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, secrets(api, ns1, ns2), opts, required=[CONFIGMAPS])
     await registry.start()
     try:
         await put_secret(api, ns1, "east", kubeconfig(a))
@@ -485,7 +494,7 @@ async def test_a_contested_name_goes_to_the_oldest_secret_across_restarts(
         assert host(registry, "east") == b.url
 
         await registry.stop()  # the restart
-        registry = ClusterRegistry(api, opts, required=[CONFIGMAPS])
+        registry = ClusterRegistry(api, secrets(api, ns1, ns2), opts, required=[CONFIGMAPS])
         recorder = Recorder()
         await registry.register_cluster_handler(recorder)
         await registry.start()
@@ -521,7 +530,7 @@ async def test_readiness_follows_the_watches(api: ApiClient, fleet_ns: str, cont
     false."""
     down = control_plane_factory()
     starts = Starts(CONFIGMAPS)
-    registry = ClusterRegistry(api, options(fleet_ns, probe_interval=probe_interval), required=[CONFIGMAPS])
+    registry = ClusterRegistry(api, *options(api, fleet_ns, probe_interval=probe_interval), required=[CONFIGMAPS])
     per_cluster = ClusterControllers({"cm": starts.spec()}, name="t")
     await registry.register_cluster_handler(per_cluster)
     await registry.start()

@@ -15,7 +15,8 @@ import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controllers.cluster_registry import ClusterRegistry, RegistryOptions
+from controllers.cluster_registry import ClusterRegistry
+from controllers.member import MemberOptions
 from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, ReflectorOptions
 from informers.discovery_triggers import APISERVICES, CRDS
 from syncer.testing import ControlPlane
@@ -23,7 +24,7 @@ from syncer.testing.pytest_plugin import kube_client
 
 from .helpers import CONFIGMAPS, eventually
 from .kube import create_crd
-from .test_multicluster import delete_secret, fleet_ns, kubeconfig, member, put_secret  # noqa: F401 (fixture)
+from .test_multicluster import delete_secret, fleet_ns, kubeconfig, member, put_secret, secrets  # noqa: F401 (fixture)
 
 GIZMOS = GVR("idle.example.com", "v1", "gizmos")
 
@@ -68,7 +69,7 @@ def test_defaults_keep_a_watched_member_from_being_probed() -> None:
     reopened after ``inactivity_timeout`` of silence, both well within ``probe_interval``, so a member with a
     working watch is always heard from between two probe rounds."""
     bookmark_every = 60.0  # k8s.io/apiserver pkg/storage/cacher: defaultBookmarkFrequency = time.Minute
-    assert bookmark_every < ReflectorOptions().inactivity_timeout < RegistryOptions().probe_interval
+    assert bookmark_every < ReflectorOptions().inactivity_timeout < MemberOptions().probe_interval
 
 
 async def test_a_member_heard_from_makes_no_requests_beyond_its_watches(
@@ -77,7 +78,7 @@ async def test_a_member_heard_from_makes_no_requests_beyond_its_watches(
     pass: every request in the window is a watch (re)opened. Once it is silent for a whole ``probe_interval``,
     one probe per interval asks after it."""
     metrics = CollectorRegistry()
-    registry = ClusterRegistry(api, RegistryOptions(namespaces=(fleet_ns,), probe_interval=2.0),
+    registry = ClusterRegistry(api, secrets(api, fleet_ns), MemberOptions(probe_interval=2.0),
                                required=[CONFIGMAPS], metrics_registry=metrics,
                                make_factory=quiet_factory(metrics, rediscovery_interval=1.0,
                                                           full_rediscovery_interval=3600.0))
@@ -116,7 +117,7 @@ async def test_a_crd_installed_in_a_member_is_picked_up_by_its_trigger(
     """With the periodic pass out of reach, the CRD trigger alone brings a new required GVR's informer up."""
     plane = control_plane_factory()
     metrics = CollectorRegistry()
-    registry = ClusterRegistry(api, RegistryOptions(namespaces=(fleet_ns,), probe_interval=3600.0),
+    registry = ClusterRegistry(api, secrets(api, fleet_ns), MemberOptions(probe_interval=3600.0),
                                required=[CONFIGMAPS, GIZMOS], metrics_registry=metrics,
                                make_factory=quiet_factory(metrics, rediscovery_interval=3600.0))
     await registry.start()
@@ -196,7 +197,7 @@ async def test_member_informer_metrics_are_labelled_by_cluster_and_leave_with_it
     registry, next to the process's own (``cluster=""``); a member's go when it leaves, all of them when the
     registry stops."""
     metrics = CollectorRegistry()
-    registry = ClusterRegistry(api, RegistryOptions(namespaces=(fleet_ns,), probe_interval=3600.0),
+    registry = ClusterRegistry(api, secrets(api, fleet_ns), MemberOptions(probe_interval=3600.0),
                                required=[CONFIGMAPS], metrics_registry=metrics)  # the default member factory
     own = DiscoveringDynamicSharedInformerFactory(api, metrics_registry=metrics, watch="required")
     own.require("test", [CONFIGMAPS])

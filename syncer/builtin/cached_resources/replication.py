@@ -44,7 +44,7 @@ from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from controllers.cluster import Cluster, ClusterContext, display_name
-from controllers.cluster_registry import ClusterClients
+from controllers.cluster_clients import ClusterClients
 from controllers.fence import OPEN, Fence
 from controllers.fleet import ClusterRequest, FleetContext, FleetController, FleetLoop
 from controllers.reconcile import Request, Result, TerminalError

@@ -58,11 +58,11 @@ class SourceClusters:
         self.registry, self.only = registry, only
 
     def names(self) -> set[str] | None:
-        """Every cluster that is a source now, connected or not; None until the registry has read the Secrets
+        """Every cluster that is a source now, connected or not; None until the registry has read its providers
         (before that, a cluster missing here may merely not be read yet)."""
         if not self.registry.synced():
             return None
-        return {c for c in self.registry.candidates() if not self.only or c in self.only}
+        return {c for c in self.registry.providers.names() if not self.only or c in self.only}
 
     def standings(self, gvr: GVR, joined: Iterable[str], clusters: Iterable[str]) -> dict[str, SourceReport]:
         """The standing with ``gvr`` of every source cluster and of every one of ``clusters`` (those named by

@@ -1,0 +1,359 @@
+"""Member: one registration of a cluster (a provider's config, by digest) and its life, as explicit transitions.
+
+::
+
+    CONNECTING -> DISCOVERING -> SYNCING -> ENGAGED -> SUPERSEDED -> STOPPING -> STOPPED
+        ^   |          |            |          |                      ^
+        |   +----------+------------+--> RETRYING (backoff) --+       |
+        +-----------------------------------------------------+       |
+    CONNECTING -> REFUSED (a kubeconfig refused: until its config changes)    any state --+
+
+One task per member brings it up (connect, discover, sync) and retries it with backoff. skv2 and multicluster-runtime
+do this in the watcher's worker, so one unreachable cluster delays every other; here a cluster that does not sync
+within ``sync_timeout`` is engaged anyway (its condition says what is missing: its other controllers need not wait
+for one forbidden or broken API), and no member ever blocks another.
+
+Conditions (Connected, Discovered, Synced, each with the last error) are the member's. Once it is engaged they
+follow its informers: Connected turns false as soon as a watch fails to reach the server and true as soon as the
+watches work again (the ``/version`` probe only decides for a member whose watches say nothing), and the shown state
+is ``ready`` exactly while every condition holds (``degraded`` when one does not). No polling at steady state: a
+member is asked ``/version`` only after its watches said nothing (no event, bookmark or answer) for
+``probe_interval``, above the bookmark cadence and the watches' inactivity timeout by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable, Sequence
+
+from loguru import logger
+
+from informers import ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory
+from informers.errors import describe_error
+from informers.request_metrics import NO_ANSWER
+from informers.untrusted_kubeconfig import KubeconfigError, KubeconfigInvalid, client_from_untrusted_kubeconfig
+from informers.wait import wait_first
+
+from .cluster import Cluster, ClusterContext, ClusterHandler, Condition, ConditionType, display_name, finish
+from .fence import Fence
+from .provider import ClusterConfig, KubeconfigFile, LocalConnection, UntrustedKubeconfig
+
+FactoryMaker = Callable[[ApiClient, str], DiscoveringDynamicSharedInformerFactory]
+
+
+class MemberState(enum.StrEnum):
+    """Where a member is in its life (``degraded`` is only shown: an engaged member with a false condition)."""
+
+    CONNECTING = "connecting"
+    DISCOVERING = "discovering"
+    SYNCING = "syncing"
+    READY = "ready"  # engaged: its handlers have been told
+    DEGRADED = "degraded"
+    RETRYING = "retrying"
+    REFUSED = "refused"
+    SUPERSEDED = "superseded"  # engaged, then replaced by a new connection: its handlers moved to the successor
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+_BRINGING_UP = {MemberState.CONNECTING, MemberState.DISCOVERING, MemberState.SYNCING}
+_NEXT: dict[MemberState, set[MemberState]] = {
+    MemberState.CONNECTING: {MemberState.DISCOVERING, MemberState.RETRYING, MemberState.REFUSED},
+    MemberState.DISCOVERING: {MemberState.SYNCING, MemberState.RETRYING},
+    MemberState.SYNCING: {MemberState.READY, MemberState.RETRYING},
+    MemberState.RETRYING: {MemberState.CONNECTING},
+    MemberState.REFUSED: set(),
+    MemberState.READY: {MemberState.SUPERSEDED},
+    MemberState.SUPERSEDED: set(),
+    MemberState.STOPPING: {MemberState.STOPPED},
+    MemberState.STOPPED: set(),
+}
+
+
+@dataclass(frozen=True)
+class MemberOptions:
+    """How members are brought up: ``allowed_exec_commands`` for untrusted kubeconfigs; ``sync_timeout`` before a
+    member is engaged anyway; ``probe_interval``: how long its watches may say nothing before ``/version`` is
+    asked; ``cleanup_timeout`` bounds each handler's cleanup."""
+
+    allowed_exec_commands: Sequence[str] = ()
+    sync_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    probe_interval: float = 300.0
+    cleanup_timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class MemberEnv:
+    """What every member of one registry shares."""
+
+    management: ApiClient
+    options: MemberOptions
+    required: frozenset[Any]
+    make_factory: FactoryMaker
+    local_factory: DiscoveringDynamicSharedInformerFactory | None
+    component: str
+
+
+class Member:
+    """One registration of ``config.name`` under ``fence``; ``predecessor``: the engaged member it will replace."""
+
+    def __init__(self, config: ClusterConfig, fence: Fence, predecessor: "Member | None" = None) -> None:
+        self.config = config
+        self.name = config.name
+        self.fence = fence
+        self.predecessor = predecessor
+        self.successor: Member | None = None  # set when superseded: its handlers hear of the successor instead
+        self.state = MemberState.CONNECTING
+        self.settled = asyncio.Event()  # set once engaged or stopping: what ``engage`` waits for
+        self.conditions = {t: Condition(t) for t in ConditionType}
+        self.attempts = 0
+        # The client's recoveries before the probe request that failed: a later success of any of its requests
+        # (a watch reopened) means the server answers again. None while the probe has nothing against it.
+        self.probe_failed_at: int | None = None
+        self.watch_failed = False  # Connected is false because a watch could not reach the server
+        self.task: asyncio.Task[None] | None = None
+        self.client: ApiClient | None = None
+        self.factory: DiscoveringDynamicSharedInformerFactory | None = None
+        self.cluster: Cluster | None = None
+        self.ctx: ClusterContext | None = None
+        self.told: list[ClusterHandler] = []  # the handlers add_cluster was called on, in order
+
+    # -- transitions -------------------------------------------------------------------------------------
+    def to(self, state: MemberState) -> None:
+        """Move to ``state``; a move the diagram does not have is a bug (raises). Stopping is allowed from
+        anywhere but the end, and only once: a second cancellation would cut the teardown short."""
+        allowed = _NEXT[self.state] | ({MemberState.STOPPING} if self.state not in
+                                       (MemberState.STOPPING, MemberState.STOPPED) else set())
+        if state not in allowed:
+            raise RuntimeError(f"member {display_name(self.name)}: no transition {self.state} -> {state}")
+        self.state = state
+        if state in (MemberState.READY, MemberState.STOPPING):
+            self.settled.set()
+
+    @property
+    def engaged(self) -> bool:
+        """Its handlers have been told and it is neither superseded nor stopping."""
+        return self.state is MemberState.READY and self.ctx is not None and not self.ctx.cancelled()
+
+    @property
+    def ending(self) -> bool:
+        """Cancelled: stopping or stopped."""
+        return self.state in (MemberState.STOPPING, MemberState.STOPPED)
+
+    @property
+    def serving(self) -> "Member | None":
+        """The member that serves the cluster now: this one once engaged, else the one it is replacing."""
+        return self if self.cluster is not None else self.predecessor
+
+    # -- life --------------------------------------------------------------------------------------------
+    async def run(self, env: MemberEnv, engage: Callable[["Member"], Awaitable[None]],
+                  teardown: Callable[["Member"], Awaitable[None]]) -> None:
+        """Bring the member up (retrying), ``engage`` it, keep its Connected condition current, and ``teardown``
+        when cancelled (to the end, whatever happens meanwhile)."""
+        log = logger.bind(component=env.component)
+        backoff = Backoff(initial=1.0, cap=60.0)
+        try:
+            while True:
+                self.attempts += 1
+                try:
+                    cluster = await self._bring_up(env)
+                    break
+                except KubeconfigError as e:
+                    self.to(MemberState.REFUSED)
+                    self.conditions[ConditionType.CONNECTED].set(False, type(e).__name__, str(e))
+                    log.error("cluster {}: {}", display_name(self.name), e)
+                    await asyncio.Future()  # until its config changes (a new member) or goes (cancelled)
+                except Exception as e:
+                    delay = backoff.next()
+                    phase = {MemberState.DISCOVERING: "discovery", MemberState.SYNCING: "sync"}.get(
+                        self.state, "connecting")
+                    self._condition_of_phase().set(False, type(e).__name__, describe_error(e))
+                    self.to(MemberState.RETRYING)
+                    log.warning("cluster {}: {} failed ({}); retrying in {:.1f}s", display_name(self.name), phase,
+                                describe_error(e), delay)
+                    await self.release(env)
+                    await asyncio.sleep(delay)
+                    self.to(MemberState.CONNECTING)
+            self.cluster = cluster
+            await engage(self)
+            await self._probe(env)
+        finally:
+            await teardown(self)
+
+    def _condition_of_phase(self) -> Condition:
+        t = {MemberState.DISCOVERING: ConditionType.DISCOVERED, MemberState.SYNCING: ConditionType.SYNCED}.get(
+            self.state, ConditionType.CONNECTED)
+        return self.conditions[t]
+
+    async def _bring_up(self, env: MemberEnv) -> Cluster:
+        o = env.options
+        client = self.client = connect(self.config, env.management, o.allowed_exec_commands)
+        version = await client.request("GET", "/version", timeout=o.connect_timeout)
+        self.conditions[ConditionType.CONNECTED].set(True, "Connected",
+                                                     f"Kubernetes {version.get('gitVersion', '?')}")
+        self.to(MemberState.DISCOVERING)
+        factory = self.factory = (env.local_factory if self.config.local and env.local_factory is not None
+                                  else env.make_factory(client, self.name))
+        factory.require(env.component, env.required)
+        async with asyncio.timeout(o.sync_timeout):
+            await factory.start()
+        self.conditions[ConditionType.DISCOVERED].set(True, "Discovered", f"{len(factory.status())} GVRs served")
+        self.to(MemberState.SYNCING)
+        cluster = Cluster(self.name, self.config.source, client, factory, self.fence)
+        if not await _wait_synced(cluster, env.required, o.sync_timeout, f"{env.component} sync {id(cluster)}"):
+            missing = ", ".join(map(str, cluster.not_synced(env.required)))
+            self.conditions[ConditionType.SYNCED].set(False, "SyncTimeout", f"not synced within {o.sync_timeout:g}s:"
+                                                      f" {missing}; engaged anyway, still waiting")
+            logger.bind(component=env.component).warning(
+                "cluster {}: informers not synced within {:g}s ({}); starting its controllers anyway",
+                display_name(self.name), o.sync_timeout, missing)
+        return cluster
+
+    async def _probe(self, env: MemberEnv) -> None:
+        """Keep the Connected condition current; informers reconnect by themselves. A member the server said
+        anything for (a watch event or bookmark, an answer to any request) since the last round has shown it is
+        there: only a quiet one is asked, so a fleet's idle cost does not grow by a request per member."""
+        assert self.client is not None
+        log = logger.bind(component=env.component)
+        connected = self.conditions[ConditionType.CONNECTED]
+        heard = self.heard()
+        while True:
+            await asyncio.sleep(env.options.probe_interval)
+            before, heard = heard, self.heard()
+            if heard != before and connected.status:
+                continue
+            answers = self.client.recoveries
+            try:
+                await self.client.request("GET", "/version", timeout=env.options.connect_timeout)
+            except Exception as e:
+                if connected.status:
+                    log.warning("cluster {}: not reachable ({})", display_name(self.name), describe_error(e))
+                connected.set(False, type(e).__name__, describe_error(e))
+                self.probe_failed_at, self.watch_failed = answers, False
+            else:
+                if connected.status is False:
+                    log.info("cluster {}: reachable again", display_name(self.name))
+                connected.set(True, "Connected", connected.message if connected.reason == "Connected" else "")
+                self.probe_failed_at, self.watch_failed = None, False
+            heard = self.heard()  # the probe's own answer says nothing about the next round
+
+    async def release(self, env: MemberEnv) -> None:
+        """Stop the member's factory and close its client (neither when they are the management cluster's), to
+        the end even if cancelled meanwhile (a config gone while a retry releases)."""
+        await finish(self._release_now(env))
+
+    async def _release_now(self, env: MemberEnv) -> None:
+        factory, client = self.factory, self.client
+        try:
+            if factory is not None and factory is env.local_factory:
+                factory.release(env.component)  # the sidecar's own factory outlives the member
+            elif factory is not None:
+                await factory.shutdown()
+            if client is not None and client is not env.management:
+                await client.close()
+        except Exception:  # a failed release must not end the member's task: it would never retry or stop
+            logger.bind(component=env.component).exception(
+                "cluster {}: stopping its informers or closing its connections failed", display_name(self.name))
+        finally:
+            self.factory = self.client = None
+
+    # -- what it shows -----------------------------------------------------------------------------------
+    def heard(self) -> tuple[int, int]:
+        """What the member's server has said so far: the watch events (bookmarks included) of its running
+        informers, and the answers to its client's requests."""
+        events = self.factory.events_received() if self.factory is not None else 0
+        answers = sum(n for (code, _), n in self.client.request_counts.codes.items() if code != NO_ANSWER) \
+            if self.client is not None else 0
+        return events, answers
+
+    def live_conditions(self, required: Iterable[Any]) -> list[Condition]:
+        """The conditions, made live from the watches and discovery once engaged (read by ``status()`` and the
+        metrics, so both show what the informers see at that moment)."""
+        conditions = self.conditions
+        if self.cluster is not None and self.ctx is not None and not self.ctx.cancelled():
+            self._follow_watches(self.cluster)
+            problems = self.cluster.factory.supervisor.problems()
+            if problems:
+                conditions[ConditionType.DISCOVERED].set(False, "DiscoveryFailing", "; ".join(
+                    f"{h.name}: {h.last_error}" for h in problems))
+            elif conditions[ConditionType.DISCOVERED].status is False:
+                conditions[ConditionType.DISCOVERED].set(True, "Discovered")
+            missing = self.cluster.not_synced(required)
+            if missing:
+                conditions[ConditionType.SYNCED].set(False, "NotSynced", "informers not synced or failing: " +
+                                                     ", ".join(map(str, missing)))
+            else:
+                conditions[ConditionType.SYNCED].set(True, "Synced")
+        return [conditions[t] for t in ConditionType]
+
+    def _follow_watches(self, cluster: Cluster) -> None:
+        """Connected as the engaged member's watches have it: false while one cannot reach the server, true again
+        once none fails and the server has answered since (a watch reopened, or any other request after the
+        probe's failure). A probe failure that no watch contradicts stands (the watches of a silently cut
+        connection may not have noticed yet)."""
+        connected = self.conditions[ConditionType.CONNECTED]
+        failing = cluster.unreachable()
+        if failing is not None:
+            gvr, e = failing
+            if connected.status:
+                logger.warning("cluster {}: not reachable (watching {}: {})", display_name(self.name), gvr,
+                               describe_error(e))
+            connected.set(False, type(e).__name__, f"watching {gvr}: {describe_error(e)}")
+            self.watch_failed = True
+        elif connected.status is False and (self.watch_failed or (
+                self.probe_failed_at is not None and cluster.client.recoveries > self.probe_failed_at)):
+            logger.info("cluster {}: reachable again (its watches work)", display_name(self.name))
+            connected.set(True, "Connected", "watching")
+            self.probe_failed_at, self.watch_failed = None, False
+
+    def shown_state(self, conditions: list[Condition]) -> MemberState:
+        """The state as ``status()`` and the metrics show it: an engaged member is ``ready`` only while every
+        condition holds, so that state and readiness never disagree; a superseded one is stopping."""
+        if self.state is MemberState.READY and not all(c.status for c in conditions):
+            return MemberState.DEGRADED
+        if self.state in (MemberState.SUPERSEDED, MemberState.STOPPED):
+            return MemberState.STOPPING
+        return self.state
+
+    def status(self, required: Iterable[Any]) -> dict[str, Any]:
+        """Its ``/status`` row (without the name)."""
+        conditions = self.live_conditions(required)
+        state = self.shown_state(conditions)
+        return {"source": self.config.source, "state": state.value, "ready": state is MemberState.READY,
+                "attempts": self.attempts, "conditions": [c.as_dict() for c in conditions]}
+
+
+def connect(config: ClusterConfig, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
+    """A client for ``config``: the management client for the local cluster, a file's context loaded as kubectl
+    would (trusted), or an untrusted kubeconfig under its rules."""
+    c = config.connection
+    if isinstance(c, LocalConnection):
+        return management
+    if isinstance(c, KubeconfigFile):
+        client = ApiClient.from_kubeconfig(c.path, c.context)
+    elif c.data is None:
+        raise KubeconfigInvalid(config.source, c.where, "is missing")
+    else:
+        assert isinstance(c, UntrustedKubeconfig)
+        client = client_from_untrusted_kubeconfig(c.data, allowed_exec_commands=allowed_exec_commands,
+                                                  source=config.source)
+    client.http2 = management.http2  # the process's choice (setting ``http2``) holds for members
+    return client
+
+
+async def _wait_synced(cluster: Cluster, required: frozenset[Any], timeout: float, sub_id: str) -> bool:
+    """Wait until every required GVR the cluster serves has a synced informer; False after ``timeout``."""
+    subscription = cluster.factory.subscribe(sub_id)
+
+    async def synced() -> None:
+        async for _ in subscription:
+            if not cluster.not_synced(required):
+                return
+
+    try:
+        return await wait_first(synced(), timeout=timeout) == 0
+    finally:
+        cluster.factory.unsubscribe(sub_id)

@@ -1,0 +1,201 @@
+"""SecretProvider: member clusters from kubeconfig Secrets on the management cluster (skv2's ClusterWatcher,
+multicluster-runtime's kubeconfig provider).
+
+Secrets are selected by label (``kube-syncer.io/kubeconfig=true`` and multicluster-runtime's label by default) or by
+type (skv2's ``solo.io/kubeconfig``), in the configured namespaces; the kubeconfig is under data key
+``kubeconfig``; the cluster is named after the Secret, or its ``kube-syncer.io/cluster-name`` annotation.
+
+Two Secrets naming the same cluster: the oldest (``creationTimestamp``, then namespace/name) holds it, the others
+are conflicts (status, log); nothing is merged or silently overwritten. skv2 keeps whichever event came first, so
+which cluster a name means depends on process history: after a restart, a failover or a handover of the cluster
+to another replica, list order decides, and the name can silently point at another cluster. Here every replica and
+every restart computes the same holder from the Secrets alone (the caches, never an event's payload); when the
+holder changes (it goes, or an older Secret starts naming the cluster) the member rotates to its kubeconfig.
+
+A Secret's kubeconfig is untrusted input (cluster state anyone with Secret write access can set): it is handed on
+as ``UntrustedKubeconfig``, never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from loguru import logger
+
+from informers import GVR, ApiClient, FuncHandler, SharedIndexInformer, drop_managed_fields, object_key
+from informers.store import DeletedFinalStateUnknown, Obj
+
+from ..cluster import display_name
+from ..provider import Changed, ClusterConfig, Conflict, UntrustedKubeconfig
+
+SECRETS = GVR("", "v1", "secrets")
+DEFAULT_LABEL_SELECTORS = ("kube-syncer.io/kubeconfig=true", "sigs.k8s.io/multicluster-runtime-kubeconfig=true")
+DEFAULT_SECRET_TYPES = ("solo.io/kubeconfig",)
+NAME_ANNOTATION = "kube-syncer.io/cluster-name"
+_BY_CLUSTER = "cluster-name"  # the index of the Secret informers: the cluster name a Secret gives
+# A Secret's own name always is one; an annotation must be too (names are compared exactly, as Kubernetes does).
+CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class SecretOptions:
+    """Where the kubeconfig Secrets are (``namespaces`` empty: all) and how they are read."""
+
+    namespaces: Sequence[str] = ()
+    label_selectors: Sequence[str] = DEFAULT_LABEL_SELECTORS
+    secret_types: Sequence[str] = DEFAULT_SECRET_TYPES
+    data_key: str = "kubeconfig"
+    name_annotation: str = NAME_ANNOTATION
+
+
+class SecretProvider:
+    """The clusters named by the kubeconfig Secrets of ``management`` (see the module)."""
+
+    name = "secrets"
+
+    def __init__(self, management: ApiClient, options: SecretOptions = SecretOptions(), *,
+                 component: str = "clusters") -> None:
+        self.options = options
+        self._management = management
+        self._component = component
+        self._changed: Changed = lambda _: None
+        self._claims: dict[str, str] = {}  # secret key -> the cluster name it gives (valid or not)
+        self._logged: set[tuple[str, str, str]] = set()  # conflicts logged: (secret key, cluster, holder)
+        self._informers = [self._informer(ns, sel, typ) for ns in _or_all(options.namespaces)
+                           for sel, typ in [*((s, None) for s in options.label_selectors),
+                                            *((None, t) for t in options.secret_types)]]
+
+    def _informer(self, namespace: str | None, selector: str | None, type: str | None) -> SharedIndexInformer:
+        inf = SharedIndexInformer(self._management, SECRETS, namespace=namespace, label_selector=selector,
+                                  field_selector=f"type={type}" if type else None, transform=drop_managed_fields)
+        inf.add_indexers({_BY_CLUSTER: lambda obj: [self._cluster_name(obj)]})
+        inf.add_event_handler(FuncHandler(lambda obj, _initial: self._saw(obj), lambda _old, new: self._saw(new),
+                                          self._saw), name=self._component)
+        return inf
+
+    # -- ClusterProvider ---------------------------------------------------------------------------------
+    def get(self, cluster: str) -> ClusterConfig | None:
+        """The oldest Secret naming ``cluster`` (as the caches have it now), as a config; None if none does."""
+        claimants = self._claimants(cluster)
+        if not claimants:
+            return None
+        (key, secret), others = claimants[0], claimants[1:]
+        source = f"secret {key}"
+        for other, _ in others:
+            self._log_conflict(other, cluster, source)
+        return ClusterConfig(cluster, source, UntrustedKubeconfig(_kubeconfig_bytes(secret, self.options.data_key),
+                                                                  f"data key {self.options.data_key!r}"))
+
+    def names(self) -> set[str]:
+        """Every valid cluster name some Secret gives."""
+        return {n for n in self._claims.values() if CLUSTER_NAME.match(n)}
+
+    def conflicts(self) -> list[Conflict]:
+        """Secrets that name a cluster another (older) one holds, or a name that is not valid."""
+        out = []
+        for key, name in sorted(self._claims.items()):
+            if not CLUSTER_NAME.match(name):
+                out.append(Conflict("secret", key, name, "", f"annotation {self.options.name_annotation} names "
+                                    f"cluster {name!r}, which is not a DNS-1123 subdomain (lowercase)"))
+                continue
+            holder = next(iter(self._claimants(name)), None)
+            if holder is not None and holder[0] != key:
+                out.append(Conflict("secret", key, name, f"secret {holder[0]}", f"cluster name "
+                                    f"{display_name(name)!r} is held by secret {holder[0]}, the oldest Secret "
+                                    "naming it"))
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """Which Secrets are watched, and whether they have been listed."""
+        return {"watching": [_describe(inf) for inf in self._informers],
+                "synced": all(inf.has_synced() for inf in self._informers)}
+
+    async def start(self, changed: Changed) -> None:
+        """Start the Secret informers; ``changed`` hears of every cluster name a Secret gives or gave."""
+        self._changed = changed
+        for inf in self._informers:
+            inf.start()
+
+    async def wait_synced(self, timeout: float) -> bool:
+        """Whether every Secret informer listed within ``timeout`` (those late are named in the log)."""
+        results = await asyncio.gather(*(inf.wait_for_sync(timeout) for inf in self._informers))
+        if not all(results):
+            logger.bind(component=self._component).warning(
+                "kubeconfig secrets not listed within {:g}s ({}); registering those listed so far", timeout,
+                ", ".join(_describe(inf) for inf, ok in zip(self._informers, results) if not ok))
+        return all(results)
+
+    async def stop(self) -> None:
+        """Stop the Secret informers."""
+        for inf in self._informers:
+            await inf.stop()
+
+    # -- claims ------------------------------------------------------------------------------------------
+    def _saw(self, obj: Obj | DeletedFinalStateUnknown) -> None:
+        key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj)
+        secret = self._find(key)
+        previous = self._claims.pop(key, None)
+        name = self._cluster_name(secret) if secret is not None else None
+        if name is not None:
+            self._claims[key] = name
+            if not CLUSTER_NAME.match(name) and previous != name:
+                logger.bind(component=self._component).error(
+                    "secret {}: annotation {} names cluster {!r}, which is not a DNS-1123 subdomain (lowercase); "
+                    "it is ignored", key, self.options.name_annotation, name)
+        for cluster in dict.fromkeys(n for n in (previous, name) if n is not None and CLUSTER_NAME.match(n)):
+            self._changed(cluster)
+
+    def _find(self, key: str) -> Obj | None:
+        namespace, _, name = key.rpartition("/")
+        for inf in self._informers:
+            obj = inf.lister.get(name, namespace or None)
+            if obj is not None:
+                return obj
+        return None
+
+    def _cluster_name(self, secret: Obj) -> str:
+        meta = secret["metadata"]
+        return str((meta.get("annotations") or {}).get(self.options.name_annotation) or meta["name"])
+
+    def _claimants(self, name: str) -> list[tuple[str, Obj]]:
+        """The Secrets in the caches that name cluster ``name``, by key, the oldest first (then by namespace and
+        name). metav1.Time is serialized in UTC at second precision (RFC 3339): the strings order as the times."""
+        if not CLUSTER_NAME.match(name):
+            return []
+        found = {object_key(obj): obj for inf in self._informers for obj in inf.lister.by_index(_BY_CLUSTER, name)}
+        return sorted(found.items(), key=lambda item: (item[1]["metadata"].get("creationTimestamp") or "",
+                                                       *item[0].rpartition("/")[::2]))
+
+    def _log_conflict(self, key: str, name: str, holder: str) -> None:
+        """Secret ``key`` names cluster ``name``, which ``holder`` holds: logged once per holder."""
+        if (key, name, holder) in self._logged:
+            return
+        self._logged = {c for c in self._logged if c[0] != key} | {(key, name, holder)}
+        logger.bind(component=self._component).error(
+            "secret {} names cluster {!r}, which {} holds (the oldest Secret naming it); it is ignored while that one "
+            "does (rename one, or set annotation {})", key, display_name(name), holder, self.options.name_annotation)
+
+
+def _or_all(namespaces: Sequence[str]) -> list[str | None]:
+    return list(namespaces) or [None]
+
+
+def _describe(inf: SharedIndexInformer) -> str:
+    r = inf.reflector
+    where = f"namespace {r.namespace}" if r.namespace else "all namespaces"
+    return f"{where} {' '.join(f'{k}={v}' for k, v in r.selectors.items())}".rstrip()
+
+
+def _kubeconfig_bytes(secret: Obj, key: str) -> bytes | None:
+    encoded = (secret.get("data") or {}).get(key)
+    if not encoded:
+        return None
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return b"\x00not base64"  # the loader reports it as malformed, per member, like any other bad kubeconfig
