@@ -14,7 +14,7 @@ from loguru import logger
 from controllers.provider import ClusterProvider, KubeconfigFile
 from controllers.providers.kubeconfig_files import KubeconfigFilesOptions, KubeconfigFilesProvider
 
-from .helpers import eventually
+from syncer.testing import eventually
 
 
 def kubeconfig(*contexts: str, token: str = "t", server: str = "https://127.0.0.1:1") -> dict[str, Any]:
@@ -64,7 +64,8 @@ def digest(provider: KubeconfigFilesProvider, name: str) -> str:
 
 async def test_contexts_are_members_and_a_new_context_is_a_new_name(started: Any) -> None:
     provider, changes, a, b = started
-    assert isinstance(provider, ClusterProvider)
+    as_protocol: ClusterProvider = provider  # it is one, statically
+    assert isinstance(as_protocol, ClusterProvider)
     assert provider.names() == {"arn:aws:eks:eu-west-1:1:cluster/east", "admin@west"}
     config = provider.get("admin@west")
     assert config is not None and config.connection == KubeconfigFile(str(a), "admin@west", digest(provider, "admin@west"))
