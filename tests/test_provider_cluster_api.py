@@ -73,24 +73,16 @@ async def create_capi_secret(api: ApiClient, namespace: str, cluster: str, data:
         "type": "cluster.x-k8s.io/secret", "data": {"value": base64.b64encode(data).decode()}})
 
 
-class Changes:
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    def __call__(self, name: str) -> None:
-        self.names.append(name)
-
-
 @pytest.fixture
 async def ns(api: ApiClient) -> AsyncIterator[str]:
     async with fresh_namespace(api, "capi") as ns:
         yield ns
 
 
-async def started(api: ApiClient, options: ClusterAPIOptions) -> tuple[ClusterAPIProvider, Changes]:
+async def started(api: ApiClient, options: ClusterAPIOptions) -> tuple[ClusterAPIProvider, list[str]]:
     provider = ClusterAPIProvider(api, options)
-    changes = Changes()
-    await provider.start(changes)
+    changes: list[str] = []  # the names changed was called with
+    await provider.start(changes.append)
     assert await provider.wait_synced(30)
     return provider, changes
 
@@ -109,7 +101,7 @@ async def test_waits_for_the_cluster_api_then_picks_clusters_up(api: ApiClient, 
         await eventually(lambda: provider.get("late") is not None, 30, "the Cluster once the CRD is there")
         assert provider.status()["resource"] == "clusters.v1beta2.cluster.x-k8s.io"
         assert provider.status()["state"] == ProviderState.WATCHING.value
-        await eventually(lambda: "late" in changes.names, 10, "changed to be told")
+        await eventually(lambda: "late" in changes, 10, "changed to be told")
     finally:
         await provider.stop()
 
@@ -126,7 +118,7 @@ async def test_a_cluster_with_its_secret_is_a_member_until_deleted(api: ApiClien
         assert config is not None
         assert config.connection == UntrustedKubeconfig(b"east kubeconfig", where="data key 'value'")
         assert config.source == f"cluster {ns}/east"
-        await eventually(lambda: "east" in changes.names, 10, "changed to be told")
+        await eventually(lambda: "east" in changes, 10, "changed to be told")
         assert provider.names() == {"east"}
         assert provider.get("orphan") is None and provider.get("bare") is None
 
@@ -141,10 +133,10 @@ async def test_a_cluster_with_its_secret_is_a_member_until_deleted(api: ApiClien
         await create_cluster(api, ns, "west")
         await create_capi_secret(api, ns, "west", b"west kubeconfig")
         await eventually(lambda: provider.get("west") is not None, 10, "the second member")
-        del changes.names[:]
+        del changes[:]
         await api.request("DELETE", CLUSTERS.path(ns, "west"))
         await eventually(lambda: provider.get("west") is None, 10, "the deleted Cluster to leave")
-        await eventually(lambda: "west" in changes.names, 10, "changed to be told")
+        await eventually(lambda: "west" in changes, 10, "changed to be told")
         assert provider.names() == set()
     finally:
         await provider.stop()
@@ -156,7 +148,7 @@ async def test_ready_only_holds_a_cluster_back_until_its_control_plane_is_initia
     try:
         cluster = await create_cluster(api, ns, "slow")
         await create_capi_secret(api, ns, "slow", b"slow kubeconfig")
-        await eventually(lambda: "slow" in changes.names, 10, "the events of the Cluster and its Secret")
+        await eventually(lambda: "slow" in changes, 10, "the events of the Cluster and its Secret")
         await asyncio.sleep(0.3)
         assert provider.get("slow") is None
         cluster["status"] = {"phase": "Provisioned", "initialization": {"infrastructureProvisioned": True}}

@@ -34,21 +34,13 @@ def write(path: Path, doc: dict[str, Any] | str) -> None:
     os.replace(tmp, path)
 
 
-class Changes:
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    def __call__(self, name: str) -> None:
-        self.names.append(name)
-
-
 @pytest.fixture
-async def started(tmp_path: Path) -> AsyncIterator[tuple[KubeconfigFilesProvider, Changes, Path, Path]]:
+async def started(tmp_path: Path) -> AsyncIterator[tuple[KubeconfigFilesProvider, list[str], Path, Path]]:
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     provider = KubeconfigFilesProvider(KubeconfigFilesOptions(paths=[str(a), str(b)], reload_interval=0.05))
-    changes = Changes()
+    changes: list[str] = []  # the names changed was called with
     write(a, kubeconfig("arn:aws:eks:eu-west-1:1:cluster/east", "admin@west"))
-    await provider.start(changes)
+    await provider.start(changes.append)
     try:
         assert await provider.wait_synced(5)
         yield provider, changes, a, b
@@ -69,12 +61,12 @@ async def test_contexts_are_members_and_a_new_context_is_a_new_name(started: Any
     assert provider.names() == {"arn:aws:eks:eu-west-1:1:cluster/east", "admin@west"}
     config = provider.get("admin@west")
     assert config is not None and config.connection == KubeconfigFile(str(a), "admin@west", digest(provider, "admin@west"))
-    assert set(changes.names) == provider.names()
+    assert set(changes) == provider.names()
     assert provider.status()["files"][1] == {"path": str(b), "contexts": [], "error": "No such file or directory"}
 
     write(a, kubeconfig("arn:aws:eks:eu-west-1:1:cluster/east", "admin@west", "north"))
     await eventually(lambda: "north" in provider.names(), 5, "the new context")
-    assert changes.names[-1] == "north"
+    assert changes[-1] == "north"
 
 
 async def test_editing_one_context_rotates_only_it(started: Any) -> None:
@@ -82,17 +74,17 @@ async def test_editing_one_context_rotates_only_it(started: Any) -> None:
     east, west = digest(provider, "arn:aws:eks:eu-west-1:1:cluster/east"), digest(provider, "admin@west")
     doc = kubeconfig("arn:aws:eks:eu-west-1:1:cluster/east", "admin@west")
     doc["users"][1]["user"]["token"] = "rotated"  # admin@west's user
-    del changes.names[:]
+    del changes[:]
     write(a, doc)
     await eventually(lambda: digest(provider, "admin@west") != west, 5, "the edited context's digest")
     assert digest(provider, "arn:aws:eks:eu-west-1:1:cluster/east") == east
-    assert changes.names == ["admin@west"]
+    assert changes == ["admin@west"]
 
     write(a, doc)  # rewritten, same content: nothing changes
     mtime = a.stat().st_mtime_ns
     await eventually(lambda: provider._files[str(a)].signature is not None and
                      provider._files[str(a)].signature[2] == mtime, 5, "the rewrite read")
-    assert changes.names == ["admin@west"]
+    assert changes == ["admin@west"]
 
 
 async def test_a_removed_file_takes_its_contexts_and_a_fixed_one_brings_them_back(started: Any) -> None:
@@ -138,7 +130,7 @@ async def test_only_the_wanted_contexts(tmp_path: Path) -> None:
     path = tmp_path / "config"
     write(path, kubeconfig("one", "two"))
     provider = KubeconfigFilesProvider(KubeconfigFilesOptions(paths=[str(path)], contexts=["two", "three"]))
-    await provider.start(Changes())
+    await provider.start(lambda _: None)
     try:
         assert await provider.wait_synced(5)
         assert provider.names() == {"two"}

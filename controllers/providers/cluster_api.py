@@ -44,8 +44,9 @@ from informers import GVR, ApiClient, ApiError, Backoff, FuncHandler, SharedInde
 from informers.errors import describe_error
 from informers.store import DeletedFinalStateUnknown, Obj, object_key
 
-from ..provider import Changed, ClusterConfig, Conflict, UntrustedKubeconfig
+from ..provider import ClusterConfig, Conflict, UntrustedKubeconfig
 from .claims import oldest_first, secret_data
+from .watching import WatchingProvider
 
 GROUP = "cluster.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")  # the versions read, the preferred first
@@ -99,7 +100,7 @@ def _keep_kubeconfig_only(secret: Obj) -> Obj:
     return secret
 
 
-class ClusterAPIProvider:
+class ClusterAPIProvider(WatchingProvider):
     """Member clusters from the Cluster API's Clusters and their kubeconfig Secrets on ``management`` (see the
     module docstring for the rules); ``name`` is its name in the ``clusters.providers`` setting."""
 
@@ -107,15 +108,12 @@ class ClusterAPIProvider:
                  name: str = "cluster-api") -> None:
         self.management = management
         self.options = options
-        self.name = name
+        super().__init__(name)
         self.state = ProviderState.DISCOVERING
         self.gvr: GVR | None = None  # the Clusters' GVR, once found
         self.last_error: Exception | None = None
-        self._changed: Changed | None = None
         self._clusters: list[SharedIndexInformer] = []
         self._secrets: list[SharedIndexInformer] = []
-        self._synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._log = logger.bind(component=name)
 
     # -- the view ----------------------------------------------------------------------------------------
@@ -183,32 +181,11 @@ class ClusterAPIProvider:
         return None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
-    async def start(self, changed: Changed) -> None:
-        """Begin looking for the Cluster API, then watching; returns at once."""
-        if self._task is not None:
-            return
-        self._changed = changed
-        self._task = asyncio.create_task(self._run(), name=f"{self.name} provider")
-
-    async def wait_synced(self, timeout: float) -> bool:
-        """True once the Clusters and Secrets have been listed, or the Cluster API was found missing."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self._synced.wait()
-        except TimeoutError:
-            return False
-        return True
-
-    async def stop(self) -> None:
-        """Stop looking and watching, awaited."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    async def _release(self) -> None:
         await asyncio.gather(*(inf.stop() for inf in (*self._clusters, *self._secrets)))
         self._clusters, self._secrets = [], []
 
-    async def _run(self) -> None:
+    async def _watch_source(self) -> None:
         backoff = Backoff(initial=1.0, cap=60.0)
         while True:
             try:
@@ -271,8 +248,8 @@ class ClusterAPIProvider:
         def tell(obj: Obj | DeletedFinalStateUnknown) -> None:
             key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj)
             name = cluster_of(key.rpartition("/")[2])
-            if name and self._changed is not None:
-                self._changed(name)
+            if name:
+                self._tell(name)
 
         return FuncHandler(lambda obj, _initial: tell(obj), lambda _old, new: tell(new), tell)
 

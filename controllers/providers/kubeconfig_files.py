@@ -32,7 +32,8 @@ from loguru import logger
 
 from informers.kubeconfig import safe_load_yaml
 
-from ..provider import Changed, ClusterConfig, Conflict, KubeconfigFile
+from ..provider import ClusterConfig, Conflict, KubeconfigFile
+from .watching import WatchingProvider
 
 Signature = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
 
@@ -61,18 +62,15 @@ class KubeconfigInvalidFile(ValueError):
     """A kubeconfig file that does not have the shape of one."""
 
 
-class KubeconfigFilesProvider:
+class KubeconfigFilesProvider(WatchingProvider):
     """Member clusters from the contexts of kubeconfig files (see the module docstring); ``name`` is its name in the
     ``clusters.providers`` setting."""
 
     def __init__(self, options: KubeconfigFilesOptions, *, name: str = "kubeconfig-files") -> None:
         self.options = options
-        self.name = name
+        super().__init__(name)
         self.paths = list(dict.fromkeys(os.path.abspath(os.path.expanduser(p)) for p in options.paths))
         self._files: dict[str, _Read] = {}
-        self._changed: Changed | None = None
-        self._synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._log = logger.bind(component=name)
 
     # -- the view ----------------------------------------------------------------------------------------
@@ -114,30 +112,7 @@ class KubeconfigFilesProvider:
                 "reload_interval": self.options.reload_interval, "synced": self._synced.is_set()}
 
     # -- lifecycle ---------------------------------------------------------------------------------------
-    async def start(self, changed: Changed) -> None:
-        """Begin reading the files (the first time at once, then every ``reload_interval``); returns at once."""
-        if self._task is not None:
-            return
-        self._changed = changed
-        self._task = asyncio.create_task(self._run(), name=f"{self.name} provider")
-
-    async def wait_synced(self, timeout: float) -> bool:
-        """True once every file has been read (or found unreadable) once."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self._synced.wait()
-        except TimeoutError:
-            return False
-        return True
-
-    async def stop(self) -> None:
-        """Stop checking the files, awaited."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _run(self) -> None:
+    async def _watch_source(self) -> None:
         while True:
             self.check()
             self._synced.set()
@@ -158,10 +133,9 @@ class KubeconfigFilesProvider:
             elif read.error is None and previous is not None and previous.error is not None:
                 self._log.info("kubeconfig file {} read again: {} contexts", path, len(read.contexts))
         after = {name: self.get(name) for name in self.names()}
-        if self._changed is not None:
-            for name in sorted(before.keys() | after.keys()):
-                if before.get(name) != after.get(name):
-                    self._changed(name)
+        for name in sorted(before.keys() | after.keys()):
+            if before.get(name) != after.get(name):
+                self._tell(name)
 
 
 def _read(path: str, previous: _Read | None, wanted: Sequence[str]) -> _Read:
