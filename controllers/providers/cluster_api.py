@@ -1,0 +1,262 @@
+"""ClusterAPIProvider: the Cluster API's ``Cluster`` objects on the management cluster, with the kubeconfig Secrets
+Cluster API writes for them (multicluster-runtime's cluster-api provider).
+
+What counts, as Cluster API writes it (``util/secret``, ``util/kubeconfig``, ``api/core/*/common_types.go``):
+
+- A member is a ``Cluster`` (``cluster.x-k8s.io``, the version the server serves: v1beta2, else v1beta1) named after
+  its ``metadata.name``, in the configured namespaces and matching ``label_selector``, that is not being deleted
+  (no ``deletionTimestamp``: a bare apiserver has no garbage collector to remove its Secret, and one that has
+  keeps it until the Cluster's finalizers are done), and whose kubeconfig Secret exists.
+- The kubeconfig Secret of Cluster ``<c>`` is Secret ``<c>-kubeconfig`` in its namespace, of type
+  ``cluster.x-k8s.io/secret``, labelled ``cluster.x-k8s.io/cluster-name=<c>``, the kubeconfig under data key
+  ``value``. A Secret without its Cluster is not a member. ``<c>-user-kubeconfig`` (providers of managed control
+  planes write it for people) is not read. Only the data key ``value`` of ``-kubeconfig`` Secrets is kept in the
+  cache: the CA and service-account key Secrets of the same type carry private keys the provider never needs.
+- ``ready_only``: a Cluster counts only once Cluster API says its control plane accepts requests:
+  ``status.initialization.controlPlaneInitialized: true`` (v1beta2) or ``status.controlPlaneReady: true``
+  (v1beta1). Both are contract fields, set once and never reset. ``status.phase`` is not read (Cluster API asks
+  software not to: it is a display value) and neither are the ``Ready`` (v1beta1) or ``Available`` (v1beta2)
+  conditions: they summarise workers and remediation too, so a cluster scaling its machine pools would leave the
+  fleet and come back; whether the member can be reached is its own ``Connected`` condition downstream.
+- Two Clusters of one name (in two namespaces): the oldest holds it (``creationTimestamp``, then namespace/name,
+  ``claims.oldest_first``), the others are conflicts. Every Cluster not being deleted claims its name, ready,
+  with its Secret or not: a name does not move to another cluster while the older one is still provisioning.
+- The kubeconfig is cluster state, untrusted (``UntrustedKubeconfig``): exec plugins only from the allow-list.
+
+Without the Cluster API installed (neither version serves ``clusters``), the provider asks again every
+``discovery_interval`` seconds; meanwhile it is synced (it knows there is nothing) and ``status()`` says it waits.
+Once found, the version is kept: a server that later adds v1beta2 keeps serving v1beta1 by conversion, and a
+removed CRD deletes its Clusters first, which the watch delivers. The reflector alone would also retry a missing
+resource, but by backing off a 404 it never tells "not installed" from "failing", and keeps a version that might
+not be the one the server ends up serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from loguru import logger
+
+from informers import GVR, ApiClient, ApiError, Backoff, FuncHandler, SharedIndexInformer, drop_managed_fields
+from informers.errors import describe_error
+from informers.store import DeletedFinalStateUnknown, Obj, object_key
+
+from ..provider import ClusterConfig, Conflict, UntrustedKubeconfig
+from .claims import oldest_first, secret_data
+from .watching import WatchingProvider
+
+GROUP = "cluster.x-k8s.io"
+VERSIONS = ("v1beta2", "v1beta1")  # the versions read, the preferred first
+SECRETS = GVR("", "v1", "secrets")
+SECRET_TYPE = "cluster.x-k8s.io/secret"
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+SECRET_SUFFIX = "-kubeconfig"
+DATA_KEY = "value"
+_BY_NAME = "name"  # the index of the Cluster informers
+
+
+@dataclass(frozen=True)
+class ClusterAPIOptions:
+    """Which Clusters count (``namespaces`` empty: all; ``label_selector`` on the Clusters; ``ready_only``: see the
+    module docstring) and how often to look for the Cluster API while it is not installed."""
+
+    namespaces: Sequence[str] = ()
+    ready_only: bool = False
+    label_selector: str | None = None
+    discovery_interval: float = 30.0
+
+
+class ProviderState(enum.StrEnum):
+    """Where the provider is: asking which version is served, waiting for the Cluster API, or watching."""
+
+    DISCOVERING = "discovering"
+    NOT_INSTALLED = "not-installed"
+    WATCHING = "watching"
+
+
+def control_plane_initialized(cluster: Obj) -> bool:
+    """Whether Cluster API says the control plane of ``cluster`` accepts requests (the field of its version)."""
+    status = cluster.get("status") or {}
+    if cluster.get("apiVersion") == f"{GROUP}/v1beta1":
+        return status.get("controlPlaneReady") is True
+    return (status.get("initialization") or {}).get("controlPlaneInitialized") is True
+
+
+def _deleting(cluster: Obj) -> bool:
+    return bool(cluster["metadata"].get("deletionTimestamp"))
+
+
+def _keep_kubeconfig_only(secret: Obj) -> Obj:
+    """The cache's transform of the Secrets: no managedFields, and of the data only a kubeconfig's ``value``."""
+    drop_managed_fields(secret)
+    data = secret.get("data")
+    if data is not None:
+        kept = {DATA_KEY: data[DATA_KEY]} if secret["metadata"]["name"].endswith(SECRET_SUFFIX) and \
+            DATA_KEY in data else {}
+        secret["data"] = kept
+    return secret
+
+
+class ClusterAPIProvider(WatchingProvider):
+    """Member clusters from the Cluster API's Clusters and their kubeconfig Secrets on ``management`` (see the
+    module docstring for the rules); ``name`` is its name in the ``clusters.providers`` setting."""
+
+    def __init__(self, management: ApiClient, options: ClusterAPIOptions = ClusterAPIOptions(), *,
+                 name: str = "cluster-api") -> None:
+        self.management = management
+        self.options = options
+        super().__init__(name)
+        self.state = ProviderState.DISCOVERING
+        self.gvr: GVR | None = None  # the Clusters' GVR, once found
+        self.last_error: Exception | None = None
+        self._clusters: list[SharedIndexInformer] = []
+        self._secrets: list[SharedIndexInformer] = []
+        self._log = logger.bind(component=name)
+
+    # -- the view ----------------------------------------------------------------------------------------
+    def get(self, cluster: str) -> ClusterConfig | None:
+        """The config of member ``cluster``: its holder's kubeconfig Secret, if it counts (module docstring)."""
+        claimants = self._claimants(cluster)
+        return self._config(claimants[0]) if claimants else None
+
+    def names(self) -> set[str]:
+        """The members' names."""
+        return {name for name in self._claimed() if self.get(name) is not None}
+
+    def conflicts(self) -> list[Conflict]:
+        """The Clusters that do not hold their name: an older one in another namespace does."""
+        out: list[Conflict] = []
+        for name in sorted(self._claimed()):
+            holder, *others = self._claimants(name)
+            source = f"cluster {object_key(holder)}"
+            out.extend(Conflict("cluster", object_key(c), name, source, f"cluster name {name!r} is held by {source}, "
+                                "the oldest Cluster of that name") for c in others)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """What the provider watches, and how far it got."""
+        messages = {
+            ProviderState.DISCOVERING: f"asking which version of {GROUP} clusters is served",
+            ProviderState.NOT_INSTALLED: f"the Cluster API is not installed (no {GROUP} version of {', '.join(VERSIONS)} "
+                                         f"serves clusters); looking again every {self.options.discovery_interval:g}s",
+            ProviderState.WATCHING: f"watching {self.gvr}",
+        }
+        message = messages[self.state]
+        if self.last_error is not None:
+            message += f"; last error: {describe_error(self.last_error)}"
+        return {"provider": self.name, "kind": "cluster-api", "state": self.state.value, "message": message,
+                "resource": str(self.gvr) if self.gvr is not None else None,
+                "namespaces": list(self.options.namespaces), "label_selector": self.options.label_selector,
+                "ready_only": self.options.ready_only, "synced": self._synced.is_set(),
+                "clusters": sum(len(inf.store) for inf in self._clusters), "members": len(self.names())}
+
+    def _claimed(self) -> set[str]:
+        """Every name a Cluster not being deleted claims."""
+        return {obj["metadata"]["name"] for inf in self._clusters for obj in inf.store if not _deleting(obj)}
+
+    def _claimants(self, name: str) -> list[Obj]:
+        """The Clusters claiming ``name``, the holder first."""
+        return oldest_first(obj for inf in self._clusters for obj in inf.lister.by_index(_BY_NAME, name)
+                            if not _deleting(obj))
+
+    def _config(self, cluster: Obj) -> ClusterConfig | None:
+        if self.options.ready_only and not control_plane_initialized(cluster):
+            return None
+        meta = cluster["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        secret = self._secret(namespace, name + SECRET_SUFFIX)
+        if secret is None or (secret["metadata"].get("labels") or {}).get(CLUSTER_NAME_LABEL) != name:
+            return None
+        return ClusterConfig(name, f"cluster {namespace}/{name}",
+                             UntrustedKubeconfig(secret_data(secret, DATA_KEY), where=f"data key {DATA_KEY!r}"))
+
+    def _secret(self, namespace: str, name: str) -> Obj | None:
+        for inf in self._secrets:
+            obj = inf.lister.get(name, namespace)
+            if obj is not None:
+                return obj
+        return None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def _release(self) -> None:
+        await asyncio.gather(*(inf.stop() for inf in (*self._clusters, *self._secrets)))
+        self._clusters, self._secrets = [], []
+
+    async def _watch_source(self) -> None:
+        backoff = Backoff(initial=1.0, cap=60.0)
+        while True:
+            try:
+                version = await self._served_version()
+            except Exception as e:  # unreachable, forbidden: asked again, never given up
+                self.last_error = e
+                delay = backoff.next()
+                self._log.warning("asking which version of {} clusters is served failed ({}); asking again in "
+                                  "{:.1f}s", GROUP, describe_error(e), delay)
+                await asyncio.sleep(delay)
+                continue
+            self.last_error = None
+            backoff.reset()
+            if version is not None:
+                break
+            if self.state is not ProviderState.NOT_INSTALLED:
+                self._log.info("the Cluster API is not installed ({} serves no clusters); looking again every "
+                               "{:g}s", GROUP, self.options.discovery_interval)
+                self.state = ProviderState.NOT_INSTALLED
+            self._synced.set()
+            await asyncio.sleep(self.options.discovery_interval)
+        self.gvr = GVR(GROUP, version, "clusters")
+        self._log.info("watching {} and their kubeconfig Secrets", self.gvr)
+        self._watch(self.gvr)
+        self.state = ProviderState.WATCHING
+        await asyncio.gather(*(inf.wait_for_sync() for inf in (*self._clusters, *self._secrets)))
+        self._synced.set()
+
+    async def _served_version(self) -> str | None:
+        """The first of VERSIONS whose discovery lists ``clusters``; None if none does."""
+        for version in VERSIONS:
+            try:
+                doc = await self.management.request("GET", f"/apis/{GROUP}/{version}")
+            except ApiError as e:
+                if e.status == 404:
+                    continue
+                raise
+            if any(r.get("name") == "clusters" for r in doc.get("resources") or ()):
+                return version
+        return None
+
+    def _watch(self, gvr: GVR) -> None:
+        o = self.options
+        for namespace in _or_all(o.namespaces):
+            clusters = SharedIndexInformer(self.management, gvr, namespace=namespace, label_selector=o.label_selector,
+                                           transform=drop_managed_fields)
+            clusters.add_indexers({_BY_NAME: lambda obj: [obj["metadata"]["name"]]})
+            clusters.add_event_handler(self._handler(lambda name: name), name=self.name)
+            secrets = SharedIndexInformer(self.management, SECRETS, namespace=namespace,
+                                          label_selector=CLUSTER_NAME_LABEL, field_selector=f"type={SECRET_TYPE}",
+                                          transform=_keep_kubeconfig_only)
+            secrets.add_event_handler(self._handler(_cluster_of_secret), name=self.name)
+            self._clusters.append(clusters)
+            self._secrets.append(secrets)
+        for inf in (*self._clusters, *self._secrets):
+            inf.start()
+
+    def _handler(self, cluster_of: Callable[[str], str | None]) -> FuncHandler:
+        """Tell ``changed`` the cluster name ``cluster_of(object name)`` on any event of an object."""
+        def tell(obj: Obj | DeletedFinalStateUnknown) -> None:
+            key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj)
+            name = cluster_of(key.rpartition("/")[2])
+            if name:
+                self._tell(name)
+
+        return FuncHandler(lambda obj, _initial: tell(obj), lambda _old, new: tell(new), tell)
+
+
+def _cluster_of_secret(name: str) -> str | None:
+    return name.removesuffix(SECRET_SUFFIX) if name.endswith(SECRET_SUFFIX) else None
+
+
+def _or_all(namespaces: Iterable[str]) -> list[str | None]:
+    return list(namespaces) or [None]
