@@ -1,5 +1,8 @@
+from typing import Iterator
+
 import pytest
 
+from syncer.testing import ControlPlane
 from syncer.testing.controlplane import leftover_pids
 
 pytest_plugins = ["syncer.testing.pytest_plugin"]
@@ -34,3 +37,14 @@ def seed(request: pytest.FixtureRequest) -> int:
     value = int(request.config.getoption("--seed"))
     print(f"\n{request.node.nodeid}: seed {value} (replay with --seed {value})")
     return value
+
+
+@pytest.fixture(scope="session")
+def member_plane() -> Iterator[ControlPlane]:
+    """A second control plane, for the tests that need a member cluster (started once, on first use)."""
+    plane = ControlPlane(name="member")
+    try:
+        plane.start()
+        yield plane
+    finally:
+        plane.stop()

@@ -9,15 +9,17 @@ from typing import Any, AsyncIterator
 
 import pytest
 
+from controllers.cluster_registry import ClusterRegistry
+from controllers.member import MemberOptions
 from controllers.provider import ClusterProvider, UntrustedKubeconfig
 from controllers.providers.cluster_api import (
     ClusterAPIOptions, ClusterAPIProvider, ProviderState, control_plane_initialized,
 )
 from informers import GVR, ApiClient, ApiError
 
-from syncer.testing import eventually
+from syncer.testing import ControlPlane, eventually
 
-from .helpers import fresh_namespace
+from .helpers import CONFIGMAPS, fresh_namespace
 from .kube import crd_body
 
 CRDS = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -208,3 +210,39 @@ async def test_label_selector_picks_clusters(api: ApiClient, crd: None, ns: str)
         assert provider.names() == {"in"}
     finally:
         await provider.stop()
+
+
+class Members:
+    """A cluster handler that records which clusters it is told of, and which leave."""
+
+    def __init__(self) -> None:
+        self.added: list[str] = []
+        self.removed: list[str] = []
+
+    def add_cluster(self, ctx: Any, name: str, cluster: Any) -> None:
+        self.added.append(name)
+
+    def remove_cluster(self, name: str) -> None:
+        self.removed.append(name)
+
+
+async def test_a_cluster_joins_the_registry_with_its_secret_and_leaves_with_its_cluster(
+        api: ApiClient, crd: None, ns: str, member_plane: ControlPlane) -> None:
+    registry = ClusterRegistry(api, [ClusterAPIProvider(api, ClusterAPIOptions(namespaces=(ns,)))],
+                               MemberOptions(sync_timeout=20, probe_interval=3600), required=[CONFIGMAPS])
+    members = Members()
+    await registry.register_cluster_handler(members)
+    await registry.start()
+    try:
+        await create_cluster(api, ns, "east")
+        await asyncio.sleep(0.5)
+        assert members.added == []  # a Cluster without its kubeconfig Secret is not a member yet
+        await create_capi_secret(api, ns, "east", member_plane.member_kubeconfig())
+        await eventually(lambda: members.added == ["east"], 60, "east to join")
+        assert registry.cluster("east").client.host == member_plane.url
+        assert registry.status()["clusters"][0]["source"] == f"cluster {ns}/east"
+        await api.request("DELETE", CLUSTERS.path(ns, "east"))  # its Secret stays: no garbage collector here
+        await eventually(lambda: members.removed == ["east"], 30, "east to leave")
+        assert registry.list_clusters() == []
+    finally:
+        await registry.stop()

@@ -11,10 +11,15 @@ from typing import Any, AsyncIterator
 import pytest
 from loguru import logger
 
+from controllers.cluster_registry import ClusterRegistry
+from controllers.member import MemberOptions
 from controllers.provider import ClusterProvider, KubeconfigFile
 from controllers.providers.kubeconfig_files import KubeconfigFilesOptions, KubeconfigFilesProvider
 
-from syncer.testing import eventually
+from informers import ApiClient
+from syncer.testing import ControlPlane, eventually
+
+from .helpers import CONFIGMAPS
 
 
 def kubeconfig(*contexts: str, token: str = "t", server: str = "https://127.0.0.1:1") -> dict[str, Any]:
@@ -151,3 +156,41 @@ async def test_malformed_files_say_why(tmp_path: Path, text: str, error: str) ->
     provider.check()
     assert provider.names() == set()
     assert provider.status()["files"][0]["error"] == error
+
+
+class Members:
+    """A cluster handler that records which clusters it is told of, and which leave."""
+
+    def __init__(self) -> None:
+        self.added: list[str] = []
+        self.removed: list[str] = []
+
+    def add_cluster(self, ctx: Any, name: str, cluster: Any) -> None:
+        self.added.append(name)
+
+    def remove_cluster(self, name: str) -> None:
+        self.removed.append(name)
+
+
+async def test_a_context_gained_joins_the_registry_and_a_context_dropped_leaves(
+        api: ApiClient, member_plane: ControlPlane, tmp_path: Path) -> None:
+    plane = json.loads(member_plane.kubeconfig.read_text())  # contexts admin and restricted, certificate inline
+    admin = next(c for c in plane["contexts"] if c["name"] == "admin")
+    path = tmp_path / "fleet.yaml"
+    write(path, {**plane, "contexts": [admin]})
+    provider = KubeconfigFilesProvider(KubeconfigFilesOptions(paths=[str(path)], reload_interval=0.05))
+    registry = ClusterRegistry(api, [provider], MemberOptions(sync_timeout=20, probe_interval=3600),
+                               required=[CONFIGMAPS])
+    members = Members()
+    await registry.register_cluster_handler(members)
+    await registry.start()
+    try:
+        await eventually(lambda: members.added == ["admin"], 60, "the file's context to join")
+        write(path, {**plane, "contexts": [admin, {"name": "dev@second", "context": admin["context"]}]})
+        await eventually(lambda: members.added == ["admin", "dev@second"], 60, "the new context to join")
+        assert registry.cluster("dev@second").client.host == member_plane.url
+        write(path, {**plane, "contexts": [admin]})
+        await eventually(lambda: members.removed == ["dev@second"], 30, "the dropped context to leave")
+        assert registry.list_clusters() == ["admin"]
+    finally:
+        await registry.stop()

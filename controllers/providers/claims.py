@@ -11,6 +11,8 @@ import base64
 import binascii
 from typing import Iterable
 
+from loguru import logger
+
 from informers.store import Obj, object_key
 
 MALFORMED = b"\x00not base64"
@@ -41,3 +43,20 @@ def secret_data(secret: Obj, key: str) -> bytes | None:
         return base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
         return MALFORMED
+
+
+class ConflictLog:
+    """Logs each lost claim once per holder (a claimant that keeps losing to the same holder is not logged again
+    on every settle; one that now loses to another holder is)."""
+
+    def __init__(self, component: str) -> None:
+        self._log = logger.bind(component=component)
+        self._logged: dict[str, tuple[str, str]] = {}  # claimant -> (cluster, holder) last logged
+
+    def lost(self, claimant: str, cluster: str, holder: str, hint: str) -> None:
+        """``claimant`` names ``cluster``, which ``holder`` holds; ``hint``: how to resolve it."""
+        if self._logged.get(claimant) == (cluster, holder):
+            return
+        self._logged[claimant] = (cluster, holder)
+        self._log.error("{} names cluster {!r}, which {} holds; it is ignored while that one does ({})", claimant,
+                        cluster, holder, hint)

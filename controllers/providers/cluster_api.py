@@ -45,7 +45,7 @@ from informers.errors import describe_error
 from informers.store import DeletedFinalStateUnknown, Obj, object_key
 
 from ..provider import ClusterConfig, Conflict, UntrustedKubeconfig
-from .claims import oldest_first, secret_data
+from .claims import ConflictLog, oldest_first, secret_data
 from .watching import WatchingProvider
 
 GROUP = "cluster.x-k8s.io"
@@ -115,12 +115,19 @@ class ClusterAPIProvider(WatchingProvider):
         self._clusters: list[SharedIndexInformer] = []
         self._secrets: list[SharedIndexInformer] = []
         self._log = logger.bind(component=name)
+        self._conflicts = ConflictLog(name)
 
     # -- the view ----------------------------------------------------------------------------------------
     def get(self, cluster: str) -> ClusterConfig | None:
         """The config of member ``cluster``: its holder's kubeconfig Secret, if it counts (module docstring)."""
         claimants = self._claimants(cluster)
-        return self._config(claimants[0]) if claimants else None
+        if not claimants:
+            return None
+        holder = f"cluster {object_key(claimants[0])}"
+        for other in claimants[1:]:
+            self._conflicts.lost(f"cluster {object_key(other)}", cluster, holder, "the oldest Cluster of that name "
+                                 "holds it; rename one, or narrow clusters.cluster_api.namespaces")
+        return self._config(claimants[0])
 
     def names(self) -> set[str]:
         """The members' names."""

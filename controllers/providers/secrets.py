@@ -19,8 +19,6 @@ as ``UntrustedKubeconfig``, never logged.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -32,6 +30,7 @@ from informers.store import DeletedFinalStateUnknown, Obj
 
 from ..cluster import display_name
 from ..provider import Changed, ClusterConfig, Conflict, UntrustedKubeconfig
+from .claims import ConflictLog, oldest_first, secret_data
 
 SECRETS = GVR("", "v1", "secrets")
 DEFAULT_LABEL_SELECTORS = ("kube-syncer.io/kubeconfig=true", "sigs.k8s.io/multicluster-runtime-kubeconfig=true")
@@ -65,7 +64,7 @@ class SecretProvider:
         self._component = component
         self._changed: Changed = lambda _: None
         self._claims: dict[str, str] = {}  # secret key -> the cluster name it gives (valid or not)
-        self._logged: set[tuple[str, str, str]] = set()  # conflicts logged: (secret key, cluster, holder)
+        self._conflicts = ConflictLog(component)
         self._informers = [self._informer(ns, sel, typ) for ns in _or_all(options.namespaces)
                            for sel, typ in [*((s, None) for s in options.label_selectors),
                                             *((None, t) for t in options.secret_types)]]
@@ -87,8 +86,9 @@ class SecretProvider:
         (key, secret), others = claimants[0], claimants[1:]
         source = f"secret {key}"
         for other, _ in others:
-            self._log_conflict(other, cluster, source)
-        return ClusterConfig(cluster, source, UntrustedKubeconfig(_kubeconfig_bytes(secret, self.options.data_key),
+            self._conflicts.lost(f"secret {other}", cluster, source, "the oldest Secret naming it holds it; rename "
+                                 f"one, or set annotation {self.options.name_annotation}")
+        return ClusterConfig(cluster, source, UntrustedKubeconfig(secret_data(secret, self.options.data_key),
                                                                   f"data key {self.options.data_key!r}"))
 
     def names(self) -> set[str]:
@@ -164,21 +164,11 @@ class SecretProvider:
 
     def _claimants(self, name: str) -> list[tuple[str, Obj]]:
         """The Secrets in the caches that name cluster ``name``, by key, the oldest first (then by namespace and
-        name). metav1.Time is serialized in UTC at second precision (RFC 3339): the strings order as the times."""
+        name; ``claims.oldest_first``)."""
         if not CLUSTER_NAME.match(name):
             return []
-        found = {object_key(obj): obj for inf in self._informers for obj in inf.lister.by_index(_BY_CLUSTER, name)}
-        return sorted(found.items(), key=lambda item: (item[1]["metadata"].get("creationTimestamp") or "",
-                                                       *item[0].rpartition("/")[::2]))
-
-    def _log_conflict(self, key: str, name: str, holder: str) -> None:
-        """Secret ``key`` names cluster ``name``, which ``holder`` holds: logged once per holder."""
-        if (key, name, holder) in self._logged:
-            return
-        self._logged = {c for c in self._logged if c[0] != key} | {(key, name, holder)}
-        logger.bind(component=self._component).error(
-            "secret {} names cluster {!r}, which {} holds (the oldest Secret naming it); it is ignored while that one "
-            "does (rename one, or set annotation {})", key, display_name(name), holder, self.options.name_annotation)
+        return [(object_key(obj), obj) for obj in oldest_first(
+            obj for inf in self._informers for obj in inf.lister.by_index(_BY_CLUSTER, name))]
 
 
 def _or_all(namespaces: Sequence[str]) -> list[str | None]:
@@ -189,13 +179,3 @@ def _describe(inf: SharedIndexInformer) -> str:
     r = inf.reflector
     where = f"namespace {r.namespace}" if r.namespace else "all namespaces"
     return f"{where} {' '.join(f'{k}={v}' for k, v in r.selectors.items())}".rstrip()
-
-
-def _kubeconfig_bytes(secret: Obj, key: str) -> bytes | None:
-    encoded = (secret.get("data") or {}).get(key)
-    if not encoded:
-        return None
-    try:
-        return base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError):
-        return b"\x00not base64"  # the loader reports it as malformed, per member, like any other bad kubeconfig
