@@ -8,6 +8,7 @@ import re
 import uuid
 from typing import Any, AsyncIterator
 
+from controllers.provider import Changed, ClusterConfig, Conflict
 from informers import GVR, ApiClient, ApiError
 from syncer.testing import eventually  # noqa: F401 (the suite imports it from here)
 
@@ -64,3 +65,53 @@ async def fresh_namespace(api: ApiClient, prefix: str) -> AsyncIterator[str]:
         yield name
     finally:
         await api.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+class HandlerLog:
+    """A cluster handler that records which clusters it is told of (``added``) and which leave (``removed``)."""
+
+    def __init__(self) -> None:
+        self.added: list[str] = []
+        self.removed: list[str] = []
+
+    def add_cluster(self, ctx: Any, name: str, cluster: Any) -> None:
+        self.added.append(name)
+
+    def remove_cluster(self, name: str) -> None:
+        self.removed.append(name)
+
+
+class FakeProvider:
+    """A cluster provider whose clusters a test sets in ``configs`` (the registry's seam for any source); it has
+    listed once ``listed`` is set (at once without one) and hands ``changed`` on as ``self.changed``."""
+
+    def __init__(self, name: str = "fake", configs: dict[str, ClusterConfig] | None = None,
+                 listed: asyncio.Event | None = None) -> None:
+        self.name = name
+        self.configs = dict(configs or {})
+        self.listed = listed
+        self.changed: Changed = lambda _: None
+        self.stopped = False
+
+    def get(self, cluster: str) -> ClusterConfig | None:
+        return self.configs.get(cluster)
+
+    def names(self) -> set[str]:
+        return set(self.configs)
+
+    def conflicts(self) -> list[Conflict]:
+        return []
+
+    def status(self) -> dict[str, Any]:
+        return {"clusters": len(self.configs)}
+
+    async def start(self, changed: Changed) -> None:
+        self.changed = changed
+
+    async def wait_synced(self, timeout: float) -> bool:
+        if self.listed is not None:
+            await self.listed.wait()
+        return True
+
+    async def stop(self) -> None:
+        self.stopped = True

@@ -15,14 +15,14 @@ from controllers import member
 from controllers.cluster import ClusterContext
 from controllers.cluster_registry import ClusterRegistry
 from controllers.member import MemberOptions
-from controllers.provider import ClusterConfig, Conflict, UntrustedKubeconfig
+from controllers.provider import ClusterConfig, UntrustedKubeconfig
 from controllers.providers.secrets import SecretOptions, SecretProvider
 from controllers.fleet import FleetController, FleetLoop, _Feed, union_name
 from informers import GVR, ApiClient
 from informers.source import Notifier
 from informers.request_metrics import RequestCounts
 
-from .helpers import eventually
+from .helpers import FakeProvider, eventually
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
 CONNECT_DELAY: dict[bytes, float] = {}  # kubeconfig -> how long connecting with it takes
@@ -79,34 +79,6 @@ class FakeFactory:
     async def shutdown(self) -> None:
         self.down = True
         self.notifier.close_all()
-
-
-class FakeProvider:
-    """A provider whose clusters the test sets: the registry's seam for any source."""
-
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.configs: dict[str, ClusterConfig] = {}
-
-    def get(self, cluster: str) -> ClusterConfig | None:
-        return self.configs.get(cluster)
-
-    def names(self) -> set[str]:
-        return set(self.configs)
-
-    def conflicts(self) -> list[Conflict]:
-        return []
-
-    def status(self) -> dict[str, Any]:
-        return {}
-
-    async def start(self, changed: Any) -> None: ...
-
-    async def wait_synced(self, timeout: float) -> bool:
-        return True
-
-    async def stop(self) -> None: ...
 
 
 def management() -> ApiClient:

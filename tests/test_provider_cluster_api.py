@@ -19,7 +19,7 @@ from informers import GVR, ApiClient, ApiError
 
 from syncer.testing import ControlPlane, eventually
 
-from .helpers import CONFIGMAPS, fresh_namespace
+from .helpers import CONFIGMAPS, HandlerLog, fresh_namespace
 from .kube import crd_body
 
 CRDS = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -212,25 +212,11 @@ async def test_label_selector_picks_clusters(api: ApiClient, crd: None, ns: str)
         await provider.stop()
 
 
-class Members:
-    """A cluster handler that records which clusters it is told of, and which leave."""
-
-    def __init__(self) -> None:
-        self.added: list[str] = []
-        self.removed: list[str] = []
-
-    def add_cluster(self, ctx: Any, name: str, cluster: Any) -> None:
-        self.added.append(name)
-
-    def remove_cluster(self, name: str) -> None:
-        self.removed.append(name)
-
-
 async def test_a_cluster_joins_the_registry_with_its_secret_and_leaves_with_its_cluster(
         api: ApiClient, crd: None, ns: str, member_plane: ControlPlane) -> None:
     registry = ClusterRegistry(api, [ClusterAPIProvider(api, ClusterAPIOptions(namespaces=(ns,)))],
                                MemberOptions(sync_timeout=20, probe_interval=3600), required=[CONFIGMAPS])
-    members = Members()
+    members = HandlerLog()
     await registry.register_cluster_handler(members)
     await registry.start()
     try:

@@ -19,7 +19,7 @@ from controllers.providers.kubeconfig_files import KubeconfigFilesOptions, Kubec
 from informers import ApiClient
 from syncer.testing import ControlPlane, eventually
 
-from .helpers import CONFIGMAPS
+from .helpers import CONFIGMAPS, HandlerLog
 
 
 def kubeconfig(*contexts: str, token: str = "t", server: str = "https://127.0.0.1:1") -> dict[str, Any]:
@@ -158,20 +158,6 @@ async def test_malformed_files_say_why(tmp_path: Path, text: str, error: str) ->
     assert provider.status()["files"][0]["error"] == error
 
 
-class Members:
-    """A cluster handler that records which clusters it is told of, and which leave."""
-
-    def __init__(self) -> None:
-        self.added: list[str] = []
-        self.removed: list[str] = []
-
-    def add_cluster(self, ctx: Any, name: str, cluster: Any) -> None:
-        self.added.append(name)
-
-    def remove_cluster(self, name: str) -> None:
-        self.removed.append(name)
-
-
 async def test_a_context_gained_joins_the_registry_and_a_context_dropped_leaves(
         api: ApiClient, member_plane: ControlPlane, tmp_path: Path) -> None:
     plane = json.loads(member_plane.kubeconfig.read_text())  # contexts admin and restricted, certificate inline
@@ -181,7 +167,7 @@ async def test_a_context_gained_joins_the_registry_and_a_context_dropped_leaves(
     provider = KubeconfigFilesProvider(KubeconfigFilesOptions(paths=[str(path)], reload_interval=0.05))
     registry = ClusterRegistry(api, [provider], MemberOptions(sync_timeout=20, probe_interval=3600),
                                required=[CONFIGMAPS])
-    members = Members()
+    members = HandlerLog()
     await registry.register_cluster_handler(members)
     await registry.start()
     try:

@@ -9,46 +9,20 @@ import pytest
 
 from controllers.coordinator import EngageAll
 from controllers.fence import OPEN
-from controllers.provider import ClusterConfig, Conflict, UntrustedKubeconfig
+from controllers.provider import ClusterConfig, UntrustedKubeconfig
 from controllers.provider_set import ProviderSet
 
-from .helpers import eventually
+from .helpers import FakeProvider, eventually
 
 
-class Fake:
-    def __init__(self, name: str, clusters: dict[str, bytes] | None = None, synced: asyncio.Event | None = None):
-        self.name = name
-        self.configs = {c: ClusterConfig(c, f"{name} {c}", UntrustedKubeconfig(d)) for c, d in (clusters or {}).items()}
-        self.changed: Any = None
-        self.listed = synced
-        self.stopped = False
-
-    def get(self, cluster: str) -> ClusterConfig | None:
-        return self.configs.get(cluster)
-
-    def names(self) -> set[str]:
-        return set(self.configs)
-
-    def conflicts(self) -> list[Conflict]:
-        return []
-
-    def status(self) -> dict[str, Any]:
-        return {"clusters": len(self.configs)}
-
-    async def start(self, changed: Any) -> None:
-        self.changed = changed
-
-    async def wait_synced(self, timeout: float) -> bool:
-        if self.listed is not None:
-            await self.listed.wait()
-        return True
-
-    async def stop(self) -> None:
-        self.stopped = True
+def fake(name: str, clusters: dict[str, bytes] | None = None, listed: asyncio.Event | None = None) -> FakeProvider:
+    """A provider giving ``clusters`` (name -> kubeconfig), its sources named ``<provider> <cluster>``."""
+    return FakeProvider(name, {c: ClusterConfig(c, f"{name} {c}", UntrustedKubeconfig(d))
+                               for c, d in (clusters or {}).items()}, listed)
 
 
 def test_the_first_provider_listed_holds_a_name_and_the_other_claim_is_a_conflict() -> None:
-    first, second = Fake("secrets", {"east": b"a"}), Fake("cluster-api", {"east": b"b", "west": b"c"})
+    first, second = fake("secrets", {"east": b"a"}), fake("cluster-api", {"east": b"b", "west": b"c"})
     both = ProviderSet([first, second])
     assert both.get("east") == first.configs["east"] and both.get("west") == second.configs["west"]
     assert both.names() == {"east", "west"}
@@ -61,13 +35,13 @@ def test_the_first_provider_listed_holds_a_name_and_the_other_claim_is_a_conflic
 
 def test_a_provider_named_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="secrets"):
-        ProviderSet([Fake("secrets"), Fake("secrets")])
+        ProviderSet([fake("secrets"), fake("secrets")])
 
 
 async def test_nothing_is_passed_on_before_every_provider_has_listed() -> None:
     listed = asyncio.Event()
-    late = Fake("late", {"b": b"1"}, synced=listed)
-    early = Fake("early", {"a": b"1"})
+    late = fake("late", {"b": b"1"}, listed=listed)
+    early = fake("early", {"a": b"1"})
     both = ProviderSet([early, late])
     seen: list[str] = []
     await both.start(seen.append)
@@ -85,7 +59,7 @@ async def test_nothing_is_passed_on_before_every_provider_has_listed() -> None:
 
 
 async def test_engage_all_engages_what_the_view_gives_and_disengages_what_it_no_longer_does() -> None:
-    view = Fake("v", {"a": b"1"})
+    view = fake("v", {"a": b"1"})
     calls: list[tuple[str, str]] = []
 
     class Members:
