@@ -49,6 +49,7 @@ from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry, RegistryOptions
 from controllers.fence import fenced
 from controllers.fleet import FleetLoop, FleetScope
+from controllers.health import HealthItem
 from informers import (
     GVR, ApiClient, ApiError, CredentialError, DiscoveringDynamicSharedInformerFactory, DiscoveryForbidden,
     ResourceFilter, Supervisor, TaskHandle,
@@ -195,11 +196,10 @@ class Syncer:
             return "the API server has not called the admission webhooks yet"
         return None
 
-    def health(self) -> tuple[bool, list[dict[str, Any]]]:
+    def health(self) -> tuple[bool, list[HealthItem]]:
         """Liveness: unhealthy if a controller, store, runnable or the webhook server is stuck or failing, or a
         background task died or is wedged."""
-        items = [{"name": f"task {h.name}", "healthy": False,
-                  "message": "wedged" if h.wedged else f"{h.state.value}: {h.last_error}"}
+        items = [HealthItem(f"task {h.name}", False, "wedged" if h.wedged else f"{h.state.value}: {h.last_error}")
                  for h in self.supervisor.problems()]
         if self.manager is not None:
             items += self.manager.health()
@@ -208,9 +208,9 @@ class Syncer:
         if self.unit_controllers is not None:
             items += self.unit_controllers.health()
         if self.shards is not None:
-            items += self.shards.health()
+            items += [HealthItem(d["name"], d["healthy"], d["message"]) for d in self.shards.health()]
         items += self.stores.health() + self.runnables.health() + (self.webhooks.health() if self.webhooks else [])
-        return all(i["healthy"] for i in items), items
+        return all(i.healthy for i in items), items
 
     # -- run ---------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

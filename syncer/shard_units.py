@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from controllers import ControllerManager, Fence
+from controllers.health import HealthItem
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
 
@@ -20,7 +21,7 @@ class ControllerUnits:
     """Each managed controller is a unit, run by a ControllerManager of its own (``make_manager(name, fence)``)
     over the process's shared informer factory."""
 
-    kind = "controller"
+    kind = "controllers"  # the values of settings.UnitKind
 
     def __init__(self, names: list[str], make_manager: ManagerMaker) -> None:
         self._names = set(names)
@@ -42,7 +43,7 @@ class ControllerUnits:
         """The running controllers, as ``ControllerStatus.as_dict()``."""
         return [s.as_dict() for _, m in sorted(self.managers.items()) for s in m.status().values()]
 
-    def health(self) -> list[dict[str, Any]]:
+    def health(self) -> list[HealthItem]:
         """The managers' health items."""
         return [item for m in self.managers.values() for item in m.health()]
 
@@ -51,7 +52,7 @@ class ClusterUnits:
     """Each member cluster is a unit: the registry connects to it (and its controllers start, through
     ``ClusterControllers``) only while this replica owns it."""
 
-    kind = "cluster"
+    kind = "clusters"
 
     def __init__(self, registry: ClusterRegistry, per_cluster: ClusterControllers) -> None:
         self.registry = registry
