@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 from functools import partial
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from loguru import logger
 from prometheus_client import Counter, Gauge
@@ -100,13 +100,12 @@ class ControllersStuck(Exception):
 class Syncer:
     """One sidecar process: ``await run(stop)`` returns when ``stop`` is set and everything is shut down."""
 
-    def __init__(self, settings: Settings, client: ApiClient, controllers: dict[str, ManagedController],
+    def __init__(self, settings: Settings, client: ApiClient, plugins: Plugins | Mapping[str, ManagedController],
                  identity: str | None = None) -> None:
-        """``controllers``: as ``load_plugins`` returns them, a ``Plugins`` with webhooks, stores and runnables too."""
+        """``plugins``: as ``load_plugins`` returns them (a plain dict of controllers is taken as their only part)."""
         self.settings = settings
         self.client = client
-        self.controllers = controllers
-        plugins = controllers if isinstance(controllers, Plugins) else Plugins(controllers)
+        self.plugins = plugins = Plugins.of(plugins)
         self.identity = identity or default_identity()
         self.ready = False
         self.factory: DiscoveringDynamicSharedInformerFactory | None = None
@@ -177,7 +176,7 @@ class Syncer:
         if self.cluster_controllers is not None:  # one row per controller per cluster
             return [{**c, "name": qualified(c["name"], cluster)}
                     for cluster, rows in self.cluster_controllers.status().items() for c in rows]
-        return [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.controllers]
+        return [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.plugins.controllers]
 
     def _clusters_status(self) -> dict[str, Any] | None:
         """Multi-cluster mode: the members with their conditions, conflicts and the fleet controllers."""
@@ -216,7 +215,7 @@ class Syncer:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then shut down within ``shutdown_timeout``."""
         small_tls_read_buffers()
-        refused = sharding_refusal(self.settings, self.controllers)
+        refused = sharding_refusal(self.settings, self.plugins)
         if refused:
             raise StartupError(refused)
         try:
@@ -366,7 +365,7 @@ class Syncer:
             await self._lead_fleet(fence)
         else:
             manager = ControllerManager(
-                self.identity, self.factory, self.controllers, client=self.client, workers=self.settings.workers,
+                self.identity, self.factory, self.plugins.controllers, client=self.client, workers=self.settings.workers,
                 resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(), fence=fence,
                 start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
             await manager.start()
@@ -380,14 +379,14 @@ class Syncer:
         """Multi-cluster mode: the cluster registry, the per-cluster controllers and the fleet controllers, for
         this term (a standby watches no member cluster)."""
         assert self.factory is not None
-        required = {g for spec in self.controllers.values() for g in spec.required_gvrs}
+        required = {g for spec in self.plugins.controllers.values() for g in spec.required_gvrs}
         required |= {spec.gvr for spec in self.fleet.values()}
         registry = self.registry = ClusterRegistry(
             self.client, registry_options(self.settings), required=required,
             make_factory=partial(member_factory, self.settings),
             local_factory=self.factory, fence=fence, supervisor=self.supervisor)
         self.cluster_controllers = ClusterControllers(
-            self.controllers, name=self.identity, fence=fence, workers=self.settings.workers,
+            self.plugins.controllers, name=self.identity, fence=fence, workers=self.settings.workers,
             resync_period=self.settings.resync or None, stop_timeout=self._stop_timeout(),
             start_timeout=self.settings.start_timeout, supervisor=self.supervisor)
         await registry.register_cluster_handler(self.cluster_controllers)
@@ -413,16 +412,16 @@ class Syncer:
         if s.sharding.unit_kind(s.clusters.enabled) == "clusters":
             self.registry = ClusterRegistry(
                 self.client, registry_options(s),
-                required={g for spec in self.controllers.values() for g in spec.required_gvrs},
+                required={g for spec in self.plugins.controllers.values() for g in spec.required_gvrs},
                 make_factory=partial(member_factory, s), local_factory=self.factory, supervisor=self.supervisor,
                 gate=lambda name: self.shards.fence_for(name) if self.shards is not None else None)
             self.cluster_controllers = ClusterControllers(
-                self.controllers, name=self.identity, workers=s.workers, resync_period=s.resync or None,
+                self.plugins.controllers, name=self.identity, workers=s.workers, resync_period=s.resync or None,
                 stop_timeout=self._shard_stop_timeout(), start_timeout=s.start_timeout, supervisor=self.supervisor)
             await self.registry.register_cluster_handler(self.cluster_controllers)
             units = ClusterUnits(self.registry, self.cluster_controllers)
         else:
-            units = self.unit_controllers = ControllerUnits(sorted(self.controllers), self._unit_manager)
+            units = self.unit_controllers = ControllerUnits(sorted(self.plugins.controllers), self._unit_manager)
 
         def stuck(names: list[str]) -> None:
             self._stuck += names
@@ -437,7 +436,7 @@ class Syncer:
     def _unit_manager(self, name: str, fence: Fence) -> ControllerManager:
         s = self.settings
         return ControllerManager(
-            f"{self.identity}/{name}", self.factory, {name: self.controllers[name]},  # type: ignore[arg-type]
+            f"{self.identity}/{name}", self.factory, {name: self.plugins.controllers[name]},  # type: ignore[arg-type]
             client=self.client, workers=s.workers, resync_period=s.resync or None,
             stop_timeout=self._shard_stop_timeout(), fence=fence, start_timeout=s.start_timeout,
             supervisor=self.supervisor)
@@ -535,9 +534,9 @@ def discovering_factory(settings: Settings, client: ApiClient,
         field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, **kwargs)
 
 
-def sharding_refusal(settings: Settings, plugins: Any) -> str | None:
+def sharding_refusal(settings: Settings, plugins: Plugins) -> str | None:
     """Why these plugins cannot run with these settings' sharding (fleet-level work needs every cluster), or None."""
-    fleet = sorted([*getattr(plugins, "fleet", {}), *(c.name for c in getattr(plugins, "components", ()))])
+    fleet = sorted([*plugins.fleet, *(c.name for c in plugins.components)])
     if fleet and settings.sharding.enabled:
         return (f"fleet controller(s) {', '.join(fleet)} need every member cluster in one process: they cannot "
                 "run with [sharding] enabled (turn it off, or remove their plugin)")
