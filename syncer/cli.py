@@ -465,7 +465,7 @@ def _shard_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
             owned[u["holder"]] += 1
     members = [("SHARD MEMBER", "UNITS HELD")] + [
         (f"{m}{' (this replica)' if m == doc['identity'] else ''}", str(n)) for m, n in owned.items()]
-    units = [(f"{doc['kind'].removesuffix('s').upper()} UNIT", "STATE HERE", "LEASE HOLDER", "TRANSITIONS", "ASSIGNED TO")] + [
+    units = [(f"{doc['kind'][:-1].upper()} UNIT", "STATE HERE", "LEASE HOLDER", "TRANSITIONS", "ASSIGNED TO")] + [
         (display_name(u["unit"]) if doc["kind"] == "clusters" else u["unit"], u["state"], u["holder"] or "-",
          "-" if u["transitions"] is None else str(u["transitions"]), u["assigned"] or "-") for u in doc["units"]]
     tables = [members, units]

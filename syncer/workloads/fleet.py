@@ -104,7 +104,8 @@ def cluster_rows(per_cluster: ClusterControllers | None) -> list[dict[str, Any]]
     """One ``/status`` row per controller per member cluster (its name qualified by the cluster's), or None."""
     if per_cluster is None:
         return None
-    return [{**c, "name": qualified(c["name"], cluster)} for cluster, rows in per_cluster.status().items() for c in rows]
+    return [{**c, "name": qualified(c["name"], cluster)}
+            for cluster, rows in per_cluster.status().items() for c in rows]
 
 
 def clusters_doc(registry: ClusterRegistry | None, loops: Sequence[FleetLoop],
