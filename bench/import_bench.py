@@ -9,9 +9,10 @@
    webhooks and sharding).
 2. Processes, against one local control plane (``syncer.testing.ControlPlane``):
    (a) ``fleet``: this file with ``--fleet-child``: an ApiClient from the plane's kubeconfig, a ClusterRegistry
-       with 0 members and ClusterControllers for one per-cluster controller, set up as ``Syncer._lead_fleet`` sets
-       them up with default settings (``syncer.cli.event_loop``'s loop, ``small_tls_read_buffers()``, logging as
-       ``syncer run``), run until the registry has synced; its RSS is read 1 s later. The budget applies to it.
+       with 0 members and ClusterControllers for one per-cluster controller, set up as
+       ``syncer.workloads.fleet.Fleet.start`` sets them up with default settings (``syncer.cli.event_loop``'s loop,
+       ``small_tls_read_buffers()``, logging as ``syncer run``), run until the registry has synced; its RSS is read
+       1 s later. The budget applies to it.
    (b) ``syncer run``: ``python -m syncer run --kubeconfig <plane>`` with default settings (no plugins, election
        off, ``watch = "all"``: an informer on every served GVR; the HTTP server on a free port); its RSS is read
        from outside 1 s after ``/readyz`` answers 200.
@@ -129,8 +130,8 @@ async def _fleet(kubeconfig: str, s: Any) -> None:
     from controllers.cluster_registry import ClusterRegistry
     from informers import GVR, ApiClient
     from syncer.logs import setup_logging
-    from syncer.cluster_providers import cluster_providers, member_options
-    from syncer.runtime import member_factory, small_tls_read_buffers
+    from syncer.runtime import small_tls_read_buffers
+    from syncer.wiring import cluster_providers, member_factory, member_options
 
     setup_logging("WARNING", s.log_format)
     small_tls_read_buffers()
@@ -143,7 +144,7 @@ async def _fleet(kubeconfig: str, s: Any) -> None:
 
     controllers = {"bench": ManagedController([configmaps], create)}
     api = ApiClient.from_kubeconfig(kubeconfig)
-    # As Syncer._lead_fleet sets them up (without the management plane's own discovering factory).
+    # As workloads.fleet.Fleet.start sets them up (without the management plane's own discovering factory).
     registry = ClusterRegistry(api, cluster_providers(s, api), member_options(s), required={configmaps},
                                make_factory=lambda client, name: member_factory(s, client, name))
     per_cluster = ClusterControllers(controllers, name="bench", workers=s.workers, resync_period=s.resync or None,

@@ -20,6 +20,7 @@ from informers import Supervisor
 
 from .cluster import Cluster, ClusterContext, NamedLocks, display_name, qualified
 from .fence import OPEN, Fence
+from .health import HealthItem
 from .manager import ControllerManager, ManagedController
 
 
@@ -95,12 +96,12 @@ class ClusterControllers:
         """Every cluster's controllers, as ``ControllerStatus.as_dict()``, by cluster name."""
         return {name: [s.as_dict() for s in m.status().values()] for name, m in sorted(self._managers.items())}
 
-    def health(self) -> list[dict[str, Any]]:
-        """``{name, healthy, message}`` per controller per cluster; only a stuck one is unhealthy: one failing in
-        one member cluster (that cluster unreachable, say) is that cluster's problem, shown in its status, and
-        restarting this process would not fix it."""
-        stopped_stuck = [{"name": qualified(n, cluster), "healthy": False, "message": "did not stop when its "
-                          "cluster left or was replaced"} for cluster, names in self._stuck.items() for n in names]
-        return stopped_stuck + [{"name": qualified(st.name, name), "healthy": st.state != "stuck",
-                                 "message": st.last_error if st.state in ("stuck", "backoff") else st.state}
+    def health(self) -> list[HealthItem]:
+        """One item per controller per cluster; only a stuck one is unhealthy: one failing in one member cluster
+        (that cluster unreachable, say) is that cluster's problem, shown in its status, and restarting this process
+        would not fix it."""
+        stopped_stuck = [HealthItem(qualified(n, cluster), False, "did not stop when its cluster left or was replaced")
+                         for cluster, names in self._stuck.items() for n in names]
+        return stopped_stuck + [HealthItem(qualified(st.name, name), st.state != "stuck",
+                                           st.last_error if st.state in ("stuck", "backoff") else st.state)
                                 for name, m in sorted(self._managers.items()) for st in m.status().values()]

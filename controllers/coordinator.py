@@ -28,11 +28,15 @@ class ClusterView(Protocol):
 
 class Members(Protocol):
     """What a coordinator drives (``ClusterRegistry``): engage a config under a fence (again with a changed config:
-    a rotation), or disengage a name."""
+    a rotation), or disengage a name; and wait for either to be done."""
 
     def engage(self, config: ClusterConfig, fence: Fence) -> None: ...
 
     def disengage(self, name: str, why: str) -> None: ...
+
+    async def wait_engaged(self, name: str) -> None: ...
+
+    async def wait_gone(self, name: str) -> None: ...
 
 
 class Coordinator(Protocol):

@@ -8,8 +8,8 @@ an instance that ends wakes the next pass, and a controller is never restarted b
 has ended (no overlap). ``create`` is bounded by ``start_timeout``; a failing or hung ``create``, or a
 controller that returns or crashes on its own, is retried with exponential backoff. Handlers a controller
 registered through its context are removed when it ends, however it ends (also when cancelled mid-``create``).
-A source that offers removal hooks gets the controllers reading a GVR stopped before its informer is torn
-down. A source that watches only what is required (``require``/``release``) is told, under the manager's
+A source that offers removal hooks (``RemovalHooks``) gets the controllers reading a GVR stopped before its informer
+is torn down. A source that watches only what is required (``DemandSource``) is told, under the manager's
 name, every GVR its controllers require, from ``start()`` until ``stop()`` has stopped them: kcp's manager
 needs no such declaration because its source watches everything. A controller that ignores its cancellation
 is reported (``stuck``; ``stop()`` returns its name) rather than forgotten: only the caller can decide that
@@ -30,12 +30,16 @@ from loguru import logger
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from informers import GVR, ApiClient, Backoff, InformerSource, SharedIndexInformer, Subscription, Supervisor
+from informers import (
+    GVR, ApiClient, Backoff, DemandSource, Explains, InformerSource, RemovalHooks, SharedIndexInformer, Subscription,
+    Supervisor,
+)
 from informers.discovering_factory import NOT_SERVED_YET
 from informers.metrics import MetricSet
 
 from .context import ControllerContext, ReconcileStats
 from .fence import OPEN, Fence
+from .health import HealthItem
 
 CONTROLLER_NAME_PREFIX = "syncer-controller-manager-"
 _NOT_SERVED = "not served"
@@ -199,16 +203,14 @@ class ControllerManager:
         hooks, if it has them) and begin passes (the first at once)."""
         if self._looping:
             return
-        require = getattr(self.source, "require", None)
-        if require is not None:
-            require(self.name, {g for r in self._runners.values() for g in r.spec.required_gvrs})
+        if isinstance(self.source, DemandSource):
+            self.source.require(self.name, {g for r in self._runners.values() for g in r.spec.required_gvrs})
         subscription = self.source.subscribe(self.name)
         # Our own wake-ups (a retry is due, an instance ended) are ticks of the same subscription: they coalesce
         # with the source's, and one loop serves them all.
         self._wake = subscription.notify
-        add_removal_hook = getattr(self.source, "add_removal_hook", None)
-        if add_removal_hook is not None:
-            self._unhook = add_removal_hook(self._before_removal)
+        if isinstance(self.source, RemovalHooks):
+            self._unhook = self.source.add_removal_hook(self._before_removal)
         self._looping = True
         self._metrics.managers.add(self)
         self.supervisor.spawn(self._loop_name, lambda _: self._loop(subscription))
@@ -233,9 +235,8 @@ class ControllerManager:
             if r.retry_timer is not None:
                 r.retry_timer.cancel()
         self._metrics.managers.discard(self)
-        release = getattr(self.source, "release", None)
-        if release is not None:  # last: the informers it lets go of are stopped once nothing of ours reads them
-            release(self.name)
+        if isinstance(self.source, DemandSource):  # last: what it lets go of stops once nothing of ours reads it
+            self.source.release(self.name)
         return self.alive()
 
     def alive(self) -> list[str]:
@@ -246,13 +247,13 @@ class ControllerManager:
         """Every controller's status."""
         return {name: r.status for name, r in self._runners.items()}
 
-    def health(self) -> list[dict[str, Any]]:
-        """``{name, healthy, message}`` per controller (seed 001's HealthStatus)."""
+    def health(self) -> list[HealthItem]:
+        """One item per controller (seed 001's HealthStatus)."""
         out = []
         for r in self._runners.values():
             st = r.status
             message = st.last_error if not st.healthy else ("" if st.state == "running" else st.state)
-            out.append({"name": st.name, "healthy": st.healthy, "message": message})
+            out.append(HealthItem(st.name, st.healthy, message))
         return out
 
     # -- passes ------------------------------------------------------------------------------------------
@@ -291,8 +292,7 @@ class ControllerManager:
     def _why_missing(self, r: _Runner, gvr: GVR) -> str:
         """``gvr`` with the source's reason for not serving it (``pods.v1 (excluded: ...)``), logged once per
         reason: a controller that waits because of the configuration must say so, not wait silently."""
-        explain = getattr(self.source, "explain", None)
-        reason = (explain(gvr) if explain is not None else None) or _NOT_SERVED
+        reason = (self.source.explain(gvr) if isinstance(self.source, Explains) else None) or _NOT_SERVED
         if r.waiting_logged.get(gvr) != reason:
             r.waiting_logged[gvr] = reason
             # Waiting for an API that is being installed is the normal case; one that nothing provides (a typo, a

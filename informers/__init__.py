@@ -3,7 +3,7 @@
 from .backoff import Backoff
 from .client import ApiClient
 from .credentials import CredentialError, ExecPlugin, ExecPluginError, ExecPluginTimeout
-from .discovering_factory import DiscoveringDynamicSharedInformerFactory, GVRState, GVRStatus, RemovalHook
+from .discovering_factory import DiscoveringDynamicSharedInformerFactory, GVRState, GVRStatus
 from .discovery import DiscoveryClient, DiscoveryForbidden, DiscoveryResult, ResourceInfo
 from .errors import (
     AlreadyExists, ApiError, Conflict, FenceError, Forbidden, Gone, Invalid, NotFound, TooManyRequests, Unauthorized,
@@ -24,7 +24,7 @@ from .resource import ResourceClient
 from .resource_filter import ResourceFilter, Rule
 from .selector import LabelSelector, SelectorError
 from .shared_informer import EventHandler, FuncHandler, HandlerRegistration, SharedIndexInformer
-from .source import InformerSource, Notifier, Subscription
+from .source import DemandSource, Explains, InformerSource, Notifier, RemovalHook, RemovalHooks, Subscription
 from .supervisor import Supervisor, TaskHandle, TaskHealth, TaskState
 from .store import DeletedFinalStateUnknown, Store, object_key
 from .transforms import drop_managed_fields
@@ -42,7 +42,7 @@ __all__ = [
     "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout", "FieldSelector",
     "DiscoveryClient", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
     "FenceError", "FuncHandler", "GVR", "GVRHandler", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",
-    "InformerSource", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",
+    "InformerSource", "DemandSource", "Explains", "RemovalHooks", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",
     "ObjectShard", "ResourceFilter", "ResourceInfo", "Rule", "SelectorError", "SharedIndexInformer", "Store", "Subscription",
     "Supervisor", "TaskHandle", "TaskHealth", "TaskState", "drop_managed_fields", "object_key", "wait_first",
     "AlreadyExists", "Conflict", "Forbidden", "Gone", "Invalid", "NoMatchError", "NotFound", "RESTMapper",

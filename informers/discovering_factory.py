@@ -60,13 +60,12 @@ from .lister import Lister
 from .reflector import ReflectorOptions
 from .resource_filter import ResourceFilter
 from .shared_informer import SharedIndexInformer, Transform
-from .source import Notifier, Subscription
+from .source import Notifier, RemovalHook, Subscription
 from .store import IndexFunc
 from .supervisor import Supervisor, TaskHandle
 from .transforms import drop_managed_fields
 from .wait import wait_first
 
-RemovalHook = Callable[[GVR], Awaitable[None]]
 WatchMode = Literal["all", "required"]
 _EXPECTED_ERRORS = (ApiError, *CONNECTION_ERRORS)
 _PASS_SLACK = 10.0  # a pass's own work besides its bounded waits, generously

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Iterable, Protocol, runtime_checkable
 
 from .gvr import GVR
 from .shared_informer import SharedIndexInformer
@@ -84,15 +84,12 @@ class Notifier:
 class InformerSource(Protocol):
     """What a ControllerManager consumes: subscribe to changes, read the synced / not-synced split.
 
-    A source may also offer ``add_removal_hook(hook: Callable[[GVR], Awaitable[None]]) -> Callable[[], None]``
-    (the discovering factory does): every hook is awaited before the source stops and drops an informer, so
-    whatever reads that informer's cache can be stopped while the cache is still whole. It is optional (look
-    it up with ``getattr``); the returned function unregisters the hook.
+    A source may offer more, each capability a protocol of its own below (the discovering factory offers all
+    three); a consumer asks with ``isinstance(source, Capability)`` and does without it otherwise:
 
-    So are ``require(owner: str, gvrs: Iterable[GVR]) -> None`` and ``release(owner: str) -> None``: a source
-    that watches only what is required (the discovering factory with ``watch="required"``) starts informers
-    for the union of the owners' declared GVRs and stops those nobody requires any more; ``require`` replaces
-    the owner's previous declaration. A source that watches everything may accept and ignore them.
+    - ``RemovalHooks``: hooks awaited before an informer is dropped, so its readers stop on a whole cache;
+    - ``DemandSource``: a source that watches only what its owners declared they require;
+    - ``Explains``: why a GVR has no informer, for whoever waits for it.
     """
 
     def subscribe(self, id: str) -> Subscription: ...
@@ -100,3 +97,35 @@ class InformerSource(Protocol):
     def unsubscribe(self, id: str) -> None: ...
 
     def informers(self) -> tuple[dict[GVR, SharedIndexInformer], list[GVR]]: ...
+
+
+RemovalHook = Callable[[GVR], Awaitable[None]]
+
+
+@runtime_checkable
+class RemovalHooks(Protocol):
+    """``add_removal_hook(hook)``: every hook is awaited before the source stops and drops an informer, so whatever
+    reads that informer's cache can be stopped while the cache is still whole; the returned function unregisters
+    the hook."""
+
+    def add_removal_hook(self, hook: RemovalHook) -> Callable[[], None]: ...
+
+
+@runtime_checkable
+class DemandSource(Protocol):
+    """A source that watches only what is required (the discovering factory with ``watch="required"``): it starts
+    informers for the union of the owners' declared GVRs and stops those nobody requires any more. ``require``
+    replaces the owner's previous declaration; ``release`` drops it. A source that watches everything may accept
+    and ignore them."""
+
+    def require(self, owner: str, gvrs: Iterable[GVR]) -> None: ...
+
+    def release(self, owner: str) -> None: ...
+
+
+@runtime_checkable
+class Explains(Protocol):
+    """``explain(gvr)``: why ``gvr`` has no informer (excluded, forbidden, not served yet, ...), or None when it has
+    one."""
+
+    def explain(self, gvr: GVR) -> str | None: ...

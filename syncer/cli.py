@@ -303,7 +303,7 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
     # With --kubeconfig, the cluster it names is asked what it serves; otherwise nothing connects.
     served = _served(_client(settings)) if args.kubeconfig and not args.local else None
     rules = ResourceFilter(settings.include, settings.exclude)
-    for name, controller in sorted(controllers.items()):
+    for name, controller in sorted(controllers.controllers.items()):
         for gvr in controller.required_gvrs:
             why = rules.why_rules_exclude(gvr)
             if why:
@@ -321,7 +321,8 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
     print(json.dumps(settings.masked(), indent=2, default=str))
     if args.json:
         return 0
-    print(f"plugins OK: {len(controllers)} controller(s): {', '.join(sorted(controllers)) or '-'}" +
+    print(f"plugins OK: {len(controllers.controllers)} controller(s): "
+          f"{', '.join(sorted(controllers.controllers)) or '-'}" +
           (f"; {len(fleet)} fleet controller(s): {', '.join(fleet)}" if fleet else "") +
           (f"; {len(components)} fleet component(s): {', '.join(components)}" if components else ""))
     for what, names in (("webhook", [w.path for w in controllers.webhooks]),
@@ -464,8 +465,8 @@ def _shard_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
             owned[u["holder"]] += 1
     members = [("SHARD MEMBER", "UNITS HELD")] + [
         (f"{m}{' (this replica)' if m == doc['identity'] else ''}", str(n)) for m, n in owned.items()]
-    units = [(f"{doc['kind'].upper()} UNIT", "STATE HERE", "LEASE HOLDER", "TRANSITIONS", "ASSIGNED TO")] + [
-        (display_name(u["unit"]) if doc["kind"] == "cluster" else u["unit"], u["state"], u["holder"] or "-",
+    units = [(f"{doc['kind'][:-1].upper()} UNIT", "STATE HERE", "LEASE HOLDER", "TRANSITIONS", "ASSIGNED TO")] + [
+        (display_name(u["unit"]) if doc["kind"] == "clusters" else u["unit"], u["state"], u["holder"] or "-",
          "-" if u["transitions"] is None else str(u["transitions"]), u["assigned"] or "-") for u in doc["units"]]
     tables = [members, units]
     if doc.get("stuck"):

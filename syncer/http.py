@@ -12,6 +12,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 if TYPE_CHECKING:
+    from controllers.health import HealthItem
+
     from .debug import StallWatch  # imported only with debug on
 
 # The event loop is considered stuck when a ticker is this late.
@@ -23,7 +25,7 @@ class StatusServer:
     """Serves probes, metrics and status; ``status()`` and ``health()`` are supplied by the runtime."""
 
     def __init__(self, bind: str, status: Callable[[], dict[str, Any]],
-                 health: Callable[[], tuple[bool, list[dict[str, Any]]]],
+                 health: Callable[[], tuple[bool, list[HealthItem]]],
                  not_ready: Callable[[], str | None], debug: bool = False) -> None:
         host, _, port = bind.rpartition(":")
         self.stall_watch: StallWatch | None = None
@@ -83,9 +85,10 @@ class StatusServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         lag = self.loop_lag()
-        healthy, controllers = self._health()
+        healthy, items = self._health()
         loop_ok = lag < _LOOP_STALL
-        body = {"healthy": healthy and loop_ok, "event_loop_lag_seconds": round(lag, 3), "controllers": controllers}
+        body = {"healthy": healthy and loop_ok, "event_loop_lag_seconds": round(lag, 3),
+                "controllers": [i.as_dict() for i in items]}
         return _json(body, 200 if body["healthy"] else 503)
 
     async def _readyz(self, request: web.Request) -> web.Response:

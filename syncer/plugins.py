@@ -29,6 +29,7 @@ import os
 import sys
 import traceback
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, NamedTuple, Sequence, TypeVar
@@ -49,7 +50,7 @@ ENTRY_POINT_GROUP = "syncer.controllers"
 
 
 class _Extension(NamedTuple):
-    """An optional hook next to HOOK: it returns a list of ``noun``s, kept in ``Plugins.<attribute>``; ``check``
+    """An optional hook next to HOOK: it returns a list of ``noun``s, given as ``Plugins.<attribute>``; ``check``
     says what is wrong with an item ("" if nothing), ``key`` is what must be unique across plugins."""
 
     attribute: str
@@ -71,21 +72,23 @@ EXTENSION_HOOKS = {
 }
 
 
-class Plugins(dict[str, ManagedController]):
-    """The loaded plugins: their controllers by name (the dict itself), fleet controllers by name, fleet components,
-    webhooks, CRD conversions, stores and runnables."""
+@dataclass(frozen=True)
+class Plugins:
+    """What the loaded plugins contribute: their controllers by name (run in every cluster), fleet controllers by
+    name and fleet components (multi-cluster mode), admission webhooks, CRD conversions, stores and runnables."""
 
-    def __init__(self, controllers: Mapping[str, ManagedController] | None = None, *,
-                 webhooks: Sequence[Webhook] = (), conversions: Sequence[Conversion] = (), stores: Sequence[Store] = (),
-                 runnables: Sequence[Runnable] = (), fleet: Mapping[str, FleetController] | None = None,
-                 components: Sequence[FleetComponent] = ()) -> None:
-        super().__init__(controllers or {})
-        self.fleet = dict(fleet or {})
-        self.components = list(components)
-        self.webhooks = list(webhooks)
-        self.conversions = list(conversions)
-        self.stores = list(stores)
-        self.runnables = list(runnables)
+    controllers: dict[str, ManagedController] = field(default_factory=dict)
+    fleet: dict[str, FleetController] = field(default_factory=dict)
+    components: Sequence[FleetComponent] = ()
+    webhooks: Sequence[Webhook] = ()
+    conversions: Sequence[Conversion] = ()
+    stores: Sequence[Store] = ()
+    runnables: Sequence[Runnable] = ()
+
+    @classmethod
+    def of(cls, given: "Plugins | Mapping[str, ManagedController]") -> "Plugins":
+        """``given`` itself, or a plain dict of controllers as the only contribution."""
+        return given if isinstance(given, Plugins) else cls(dict(given))
 
 
 class PluginError(Exception):
@@ -284,7 +287,9 @@ def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, A
     for table in sorted(set(settings) - set(names)):
         logger.warning("[plugin_settings.{}] matches no loaded plugin and is ignored; loaded plugins: {}",
                        table, ", ".join(names) or "none")
-    plugins = Plugins()
+    controllers: dict[str, ManagedController] = {}
+    fleet: dict[str, FleetController] = {}
+    extensions: dict[str, list[Any]] = {e.attribute: [] for e in EXTENSION_HOOKS.values()}
     owner: dict[tuple[str, str], str] = {}  # (what, name) -> origin
 
     def claim(what: str, name: str, origin: str) -> None:
@@ -298,15 +303,15 @@ def load_plugins(specs: Sequence[str], plugin_settings: Mapping[str, dict[str, A
         if HOOK in found:
             for name, controller in _controllers(origin, found[HOOK], dict(own)).items():
                 claim("controller", name, origin)
-                plugins[name] = controller
+                controllers[name] = controller
         if FLEET_HOOK in found:
-            for name, fleet in _fleet(origin, found[FLEET_HOOK], dict(own)).items():
+            for name, fleet_controller in _fleet(origin, found[FLEET_HOOK], dict(own)).items():
                 claim("controller", name, origin)
-                plugins.fleet[name] = fleet
+                fleet[name] = fleet_controller
         for hook_name, extension in EXTENSION_HOOKS.items():
             if hook_name in found:
                 items = _extensions(origin, hook_name, found[hook_name], dict(own))
                 for item in items:
                     claim(extension.noun, extension.key(item), origin)
-                getattr(plugins, extension.attribute).extend(items)
-    return plugins
+                extensions[extension.attribute] += items
+    return Plugins(controllers, fleet, **{attribute: tuple(items) for attribute, items in extensions.items()})

@@ -3,7 +3,8 @@
 A **store** holds state that controllers need before their first reconcile (an index rebuilt from the cluster, a
 cache warmed from an external system): ``name`` and ``async recover()``. A **runnable** is any other long-lived
 work of the leader (a periodic report, a queue consumer): ``name``, ``async run()`` and ``async shutdown()``.
-Either may offer ``health() -> Health``, shown in ``/healthz`` with what the sidecar itself knows.
+Either may offer ``health() -> Health`` (``ReportsHealth``), shown in ``/healthz`` with what the sidecar itself
+knows.
 
 Seed 001 (furiko's controller manager) is followed for the order, ready -> elected -> stores recovered ->
 runnables and controllers started, and for concurrent shutdown. What differs, and why:
@@ -28,10 +29,11 @@ import asyncio
 import inspect
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from loguru import logger
 
+from controllers.health import HealthItem
 from informers import Backoff
 
 # How long a run() that was cancelled at the deadline gets to finish before it is reported as stuck.
@@ -44,6 +46,13 @@ class Health:
 
     healthy: bool
     message: str = ""
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """A store or runnable that says how it is: ``health()`` is shown in ``/healthz`` next to its state."""
+
+    def health(self) -> Health: ...
 
 
 class Store(Protocol):
@@ -83,19 +92,17 @@ def _check(item: Any, methods: tuple[str, ...]) -> str:
     for method in methods:
         if not inspect.iscoroutinefunction(getattr(item, method, None)):
             return f"{name!r}: {method} must be an 'async def' method"
-    health = getattr(item, "health", None)
-    if health is not None and not callable(health):
+    if isinstance(item, ReportsHealth) and not callable(item.health):
         return f"{name!r}: health must be a method returning Health"
     return ""
 
 
 def _own_health(item: Any) -> Health | None:
     """The item's own ``health()``, or an unhealthy Health saying why it could not be had."""
-    health = getattr(item, "health", None)
-    if health is None:
+    if not isinstance(item, ReportsHealth):
         return None
     try:
-        value = health()
+        value = item.health()
     except Exception as e:
         return Health(False, f"health() raised {type(e).__name__}: {e}")
     return value if isinstance(value, Health) else Health(False, f"health() returned {value!r}, not a Health")
@@ -119,14 +126,14 @@ class _State:
 
 
 def _health_items(kind: str, items: Sequence[Any], states: dict[str, _State],
-                  failing: Callable[[_State], bool]) -> list[dict[str, Any]]:
+                  failing: Callable[[_State], bool]) -> list[HealthItem]:
     out = []
     for item in items:
         st = states[item.name]
         own = _own_health(item)
         healthy = not failing(st) and (own is None or own.healthy)
         message = st.last_error if failing(st) else (own.message if own and not own.healthy else st.state)
-        out.append({"name": f"{kind} {item.name}", "healthy": healthy, "message": message})
+        out.append(HealthItem(f"{kind} {item.name}", healthy, message))
     return out
 
 
@@ -152,8 +159,8 @@ class Stores:
         for st in self._states.values():
             st.set("standby")
 
-    def health(self) -> list[dict[str, Any]]:
-        """``{name, healthy, message}`` per store: unhealthy while its recovery fails, or if it says so."""
+    def health(self) -> list[HealthItem]:
+        """One item per store: unhealthy while its recovery fails, or if it says so."""
         return _health_items("store", self.stores, self._states, lambda st: st.state == "backoff")
 
     def status(self) -> list[dict[str, Any]]:
@@ -244,8 +251,8 @@ class Runnables:
                          ", ".join(stuck), deadline)
         return stuck
 
-    def health(self) -> list[dict[str, Any]]:
-        """``{name, healthy, message}`` per runnable: unhealthy while it backs off after a failure, when stuck,
+    def health(self) -> list[HealthItem]:
+        """One item per runnable: unhealthy while it backs off after a failure, when stuck,
         or if it says so."""
         return _health_items("runnable", self.runnables, self._states,
                              lambda st: st.state in ("backoff", "stuck"))

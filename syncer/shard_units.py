@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from controllers import ControllerManager, Fence
+from controllers.health import HealthItem
 from controllers.cluster_controllers import ClusterControllers
-from controllers.cluster_registry import ClusterRegistry
 from controllers.coordinator import ClusterView, Members
 
 from .shards import UnitFence
@@ -21,7 +21,7 @@ class ControllerUnits:
     """Each managed controller is a unit, run by a ControllerManager of its own (``make_manager(name, fence)``)
     over the process's shared informer factory."""
 
-    kind = "controller"
+    kind = "controllers"  # the values of settings.UnitKind
 
     def __init__(self, names: list[str], make_manager: ManagerMaker) -> None:
         self._names = set(names)
@@ -43,7 +43,7 @@ class ControllerUnits:
         """The running controllers, as ``ControllerStatus.as_dict()``."""
         return [s.as_dict() for _, m in sorted(self.managers.items()) for s in m.status().values()]
 
-    def health(self) -> list[dict[str, Any]]:
+    def health(self) -> list[HealthItem]:
         """The managers' health items."""
         return [item for m in self.managers.values() for item in m.health()]
 
@@ -52,16 +52,15 @@ class ClusterUnits:
     """Each member cluster is a unit, and this is the registry's coordinator: a cluster is engaged (its controllers
     start, through ``ClusterControllers``) only while this replica holds its unit, under the unit's fence."""
 
-    kind = "cluster"
+    kind = "clusters"
 
     def __init__(self, per_cluster: ClusterControllers) -> None:
         self.per_cluster = per_cluster
-        self._members: ClusterRegistry | None = None
+        self._members: Members | None = None
         self._view: ClusterView | None = None
         self._fences: dict[str, UnitFence] = {}  # the units this replica holds
 
     def attach(self, members: Members, view: ClusterView) -> None:
-        assert isinstance(members, ClusterRegistry)
         self._members, self._view = members, view
 
     def changed(self, name: str) -> None:

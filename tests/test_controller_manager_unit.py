@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from controllers import (
     Controller, ControllerManager, ItemExponentialFailureRateLimiter, ManagedController,
 )
+from controllers.health import HealthItem
 from informers import GVR, Backoff, FuncHandler, Notifier, SharedIndexInformer
 from informers.metrics import InformerMetrics
 
@@ -242,7 +243,7 @@ async def test_a_failure_waits_its_backoff_even_if_a_pass_runs_during_the_releas
         await settle(lambda: quitter.creates == 2)
         assert loop.time() - exited >= 0.45
         await settle(lambda: m.status()["quitter"].state == "running")
-        assert m.health() == [{"name": "quitter", "healthy": True, "message": ""}]
+        assert m.health() == [HealthItem("quitter", True, "")]
     finally:
         await m.stop()
 
@@ -412,7 +413,7 @@ async def test_stuck_controller_is_reported_and_not_restarted_until_it_exits(sou
         await settle(lambda: stuck.running == 1)
         await src.remove(A)
         assert m.status()["stuck"].state == "stuck" and m.alive() == ["stuck"]
-        assert not m.health()[0]["healthy"]
+        assert not m.health()[0].healthy
         src.add(A)
         await settle(lambda: m.status()["stuck"].missing == [])  # a pass saw A back
         assert stuck.creates == 1  # not while the old one still runs

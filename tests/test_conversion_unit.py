@@ -160,7 +160,7 @@ async def test_the_server_converts_and_answers_failures_as_a_failed_result(serve
 
 def test_the_plugin_hook(tmp_path: Path) -> None:
     plugins = load_plugins(["examples.plugins.archive_conversion"], entry_points=False)
-    assert [c.crd for c in plugins.conversions] == [archive_conversion.CRD] and dict(plugins) == {}
+    assert [c.crd for c in plugins.conversions] == [archive_conversion.CRD] and plugins.controllers == {}
     (tmp_path / "bad.py").write_text("def syncer_conversions(settings):\n    return ['x']\n")
     with pytest.raises(PluginError, match=r"syncer_conversions\(\) returned an item that is no use: str is not a "
                                           r"Conversion"):

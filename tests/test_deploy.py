@@ -285,7 +285,7 @@ def test_settings_toml_matches_the_deployment(tmp_path) -> None:
     settings = _settings()
     (tmp_path / "settings.toml").write_text(_one("ConfigMap")["data"]["settings.toml"])
     checked = load_settings(str(tmp_path / "settings.toml"))  # the syncer's own validation accepts it
-    assert load_plugins(checked.plugins, checked.plugin_settings, entry_points=False).keys() == {
+    assert load_plugins(checked.plugins, checked.plugin_settings, entry_points=False).controllers.keys() == {
         "configmap-mirror", "widget-status"}
     assert settings["in_cluster"] is True
     assert settings["plugins"] == ["examples.plugins.configmap_mirror", "examples.plugins.widget_status"]

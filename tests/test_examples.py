@@ -125,7 +125,7 @@ def test_controllers_snippet_runs_a_working_controller(tmp_path: Path, control_p
 
 def test_example_settings_load_and_cover_the_plugins() -> None:
     settings = load_settings(str(ROOT / "examples" / "settings.toml"))
-    controllers = load_plugins(settings.plugins, settings.plugin_settings, entry_points=False)
+    controllers = load_plugins(settings.plugins, settings.plugin_settings, entry_points=False).controllers
     assert set(controllers) == {"configmap-mirror", "widget-status"}
     rules = ResourceFilter(settings.include, settings.exclude)
     assert {str(g): rules.why_rules_exclude(g) for c in controllers.values() for g in c.required_gvrs} == {

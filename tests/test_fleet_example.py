@@ -47,7 +47,7 @@ def test_fleet_demo_script() -> None:
 def test_hook_declares_one_fleet_controller_over_widgets() -> None:
     plugins = load_plugins(["examples.plugins.fleet_report"], {"fleet_report": {"namespace": "reports"}},
                            entry_points=False)
-    assert dict(plugins) == {}  # no per-cluster controller
+    assert plugins.controllers == {}  # no per-cluster controller
     [(name, spec)] = plugins.fleet.items()
     assert name == "fleet-widgets" and isinstance(spec, FleetController)
     assert spec.gvr == fleet_report.WIDGETS

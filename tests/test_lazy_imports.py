@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # tenacity (the sidecar's connect retries) and the sidecar's optional parts.
 LAZY = ["kubernetes", "cryptography", "dynaconf", "tenacity", "aiohttp.web", "syncer.webhook.service",
         "syncer.webhook.server", "syncer.webhook.certificates", "syncer.shards", "syncer.shard_units",
-        "syncer.leader", "syncer.debug", "syncer.builtin"]
+        "syncer.workloads.sharded", "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin"]
 
 
 def _imported(code: str, tmp_path: Path) -> list[str]:
@@ -72,6 +72,20 @@ from syncer.settings import Settings
 Syncer(Settings(), ApiClient(ClientConfig("https://127.0.0.1:6443")), {})
 """
     assert _imported(code, tmp_path) == ["aiohttp.web"]
+
+
+def test_a_mode_imports_its_own_workload_only(tmp_path: Path) -> None:
+    """Multi-cluster mode loads the fleet workload, and no sharding."""
+    code = """
+from dataclasses import replace
+from informers import ApiClient
+from informers.kubeconfig import ClientConfig
+from syncer.runtime import Syncer
+from syncer.settings import Settings
+s = Settings()
+Syncer(replace(s, clusters=replace(s.clusters, enabled=True)), ApiClient(ClientConfig("https://127.0.0.1:6443")), {})
+"""
+    assert _imported(code, tmp_path) == ["aiohttp.web", "syncer.workloads.fleet"]
 
 
 def test_what_only_the_package_loads_imports_it(tmp_path: Path) -> None:

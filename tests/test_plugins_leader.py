@@ -28,7 +28,7 @@ def test_entry_point_plugins_are_found_and_duplicates_rejected(tmp_path, monkeyp
         "from controllers import ManagedController\n"
         "def syncer_controllers(settings):\n    return {'fake-y': ManagedController([], lambda ctx: None)}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    found = load_plugins([], {"fake": {"suffix": "y"}})
+    found = load_plugins([], {"fake": {"suffix": "y"}}).controllers
     assert list(found) == ["fake-y"] and isinstance(found["fake-y"], ManagedController)
     with pytest.raises(PluginError, match="defined by both plugin"):
         load_plugins([str(tmp_path / "dup.py")], {"fake": {"suffix": "y"}})
@@ -42,7 +42,7 @@ def test_a_plugin_listed_twice_is_loaded_once(monkeypatch) -> None:
     spec = "examples.plugins.configmap_mirror"
     path = "examples/plugins/configmap_mirror.py"
     for specs in ([spec, spec], [spec, path], [path, f"./{path}"]):
-        assert list(load_plugins(specs, entry_points=False)) == ["configmap-mirror"], specs
+        assert list(load_plugins(specs, entry_points=False).controllers) == ["configmap-mirror"], specs
 
 
 def test_a_plugin_listed_twice_runs_once(tmp_path, monkeypatch) -> None:
@@ -56,7 +56,7 @@ def test_a_plugin_listed_twice_runs_once(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("IMPORTS", str(imports))
     monkeypatch.syspath_prepend(str(tmp_path))
     found = load_plugins(["once_only", str(tmp_path / "once_only.py"), "once_only"], entry_points=False)
-    assert list(found) == ["once"] and imports.read_text() == "x"
+    assert list(found.controllers) == ["once"] and imports.read_text() == "x"
     sys.modules.pop("once_only", None)
 
 

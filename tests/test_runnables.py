@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from controllers import ControllerContext, ManagedController
+from controllers.health import HealthItem
 from informers import GVR, ApiClient, Backoff
 from syncer.plugins import Plugins
 from syncer.runnables import Health, Runnables, Stores
@@ -80,12 +81,11 @@ async def test_stores_recover_together_and_failures_are_retried_and_reported() -
     while flaky.attempts < 2:
         await asyncio.sleep(0.01)
     [_, flaky_health] = stores.health()
-    assert flaky_health == {"name": "store flaky", "healthy": False,
-                            "message": "recover() raised ConnectionError: flaky backend down"}
+    assert flaky_health == HealthItem("store flaky", False, "recover() raised ConnectionError: flaky backend down")
     await task
     assert events.index("recover a 1") < events.index("recovered a") and "recovered flaky" in events
     assert [s["state"] for s in stores.status()] == ["recovered", "recovered"]
-    assert stores.status()[1]["failures"] == 2 and all(h["healthy"] for h in stores.health())
+    assert stores.status()[1]["failures"] == 2 and all(h.healthy for h in stores.health())
 
 
 async def test_a_hanging_recover_is_bounded_per_attempt_and_retried() -> None:
@@ -161,8 +161,8 @@ async def test_a_run_that_ignores_cancellation_is_reported_stuck_and_not_run_twi
     runnables.start()
     await asyncio.sleep(0.05)
     assert await runnables.stop(deadline=0.2) == ["stubborn"]
-    assert runnables.health() == [{"name": "runnable stubborn", "healthy": False,
-                                   "message": "did not stop within 0.2s of shutdown() and cancellation"}]
+    assert runnables.health() == [HealthItem("runnable stubborn", False,
+                                             "did not stop within 0.2s of shutdown() and cancellation")]
     runnables.start()  # the next term: not a second run() next to the stuck one
     assert Stubborn.runs == 1
     release.set()
@@ -179,13 +179,12 @@ async def test_a_failing_run_is_restarted_with_backoff_and_the_others_keep_runni
     runnables = Runnables([failing, steady], backoff=lambda: Backoff(initial=0.3, cap=0.3, jitter=0))
     runnables.start()
     await asyncio.sleep(0.1)
-    assert runnables.health()[0] == {"name": "runnable failing", "healthy": False,
-                                     "message": "run() raised RuntimeError: first run fails"}
-    assert runnables.health()[1]["healthy"] and not steady.stopped.is_set()
+    assert runnables.health()[0] == HealthItem("runnable failing", False, "run() raised RuntimeError: first run fails")
+    assert runnables.health()[1].healthy and not steady.stopped.is_set()
     await asyncio.sleep(0.4)
-    assert failing.runs == 2 and runnables.health()[0]["healthy"]
+    assert failing.runs == 2 and runnables.health()[0].healthy
     steady.healthy = Health(False, "queue full")
-    assert runnables.health()[1] == {"name": "runnable steady", "healthy": False, "message": "queue full"}
+    assert runnables.health()[1] == HealthItem("runnable steady", False, "queue full")
     assert await runnables.stop(deadline=1) == []
 
 

@@ -282,8 +282,8 @@ async def test_not_ready_while_the_api_server_cannot_reach_us(services, monkeypa
                              url=f"https://127.0.0.1:{nobody}")
     await until(lambda: "did not call the probe webhook" in service.last_error, "the probe to give up", service)
     assert service.dialed and not service.ready
-    assert service.health()[0]["healthy"] is False
-    assert f"https://127.0.0.1:{nobody}/validating/{PROBE_NAME}" in service.health()[0]["message"]
+    assert service.health()[0].healthy is False
+    assert f"https://127.0.0.1:{nobody}/validating/{PROBE_NAME}" in service.health()[0].message
 
 
 # -- certificates from files ------------------------------------------------------------------------------------

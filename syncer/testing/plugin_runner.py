@@ -51,10 +51,8 @@ class RunningPlugin:
 
     @property
     def plugins(self) -> Plugins:
-        """What the plugins contributed: controllers by name (the dict), webhooks, stores, runnables."""
-        controllers = self.syncer.controllers
-        assert isinstance(controllers, Plugins)
-        return controllers
+        """What the plugins contributed: controllers by name, webhooks, stores, runnables."""
+        return self.syncer.plugins
 
     def status(self) -> dict[str, Any]:
         """The ``/status`` document, as ``syncer status`` reads it: controllers, GVRs, webhooks, ..."""
@@ -71,11 +69,12 @@ class RunningPlugin:
         """Return once the sidecar is ready (discovery done and, with webhooks, the API server calling them) and
         ``controllers`` (default: all of them) are running. AssertionError after ``timeout`` seconds says what each
         still waits for; if the sidecar stopped, what stopped it is raised."""
-        names = controllers or tuple(self.syncer.controllers)
-        unknown = sorted(set(names) - set(self.syncer.controllers))
+        defined = self.syncer.plugins.controllers
+        names = controllers or tuple(defined)
+        unknown = sorted(set(names) - set(defined))
         if unknown:
             raise KeyError(f"no controller {', '.join(map(repr, unknown))}; the plugins define "
-                           f"{', '.join(sorted(self.syncer.controllers)) or 'none'}")
+                           f"{', '.join(sorted(defined)) or 'none'}")
 
         def running() -> bool:
             self._raise_if_stopped()

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 from loguru import logger
 
+from controllers.health import HealthItem
 from informers import ApiClient, ApiError, Backoff, Supervisor, TaskHandle
 from informers.client import CONNECTION_ERRORS
 from informers.errors import describe_error
@@ -139,10 +140,10 @@ class WebhookService:
             _log.warning("could not delete the webhook configurations: {}", _describe(e))
         self._withdrawn = True
 
-    def health(self) -> list[dict[str, Any]]:
-        """One ``{name, healthy, message}``: unhealthy while the upkeep fails (self-dial, configurations, probe)."""
+    def health(self) -> list[HealthItem]:
+        """One item: unhealthy while the upkeep fails (self-dial, configurations, probe)."""
         message = self.last_error or ("ready" if self.ready else "not ready yet")
-        return [{"name": "webhook server", "healthy": not self.last_error, "message": message}]
+        return [HealthItem("webhook server", not self.last_error, message)]
 
     def status(self) -> dict[str, Any]:
         """Readiness, certificate, configurations and the webhooks served, each with its requests, denials, errors

@@ -1,0 +1,89 @@
+"""Workload: what the sidecar runs over the local cluster's informers, one shape for every mode.
+
+The sidecar (``runtime.py``) owns the process: HTTP, the connection, discovery, the election, stores and
+runnables, webhooks, the exit. What it runs besides is one workload, built once by ``wiring.py`` from the
+settings: the controllers of one cluster (``workloads/single.py``), a fleet of member clusters
+(``workloads/fleet.py``), or a share of either spread over the replicas (``workloads/sharded.py``). As
+controller-runtime's manager starts its runnables by group (those needing leader election, the others), a
+workload says when it runs (``Lifetime``): for each leadership term, under that term's fence, or for the whole
+process, from discovery on, on every replica.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from controllers import Fence
+from controllers.health import HealthItem
+from informers import ApiClient, DiscoveringDynamicSharedInformerFactory, GVR, Supervisor
+
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from controllers.cluster_registry import ClusterRegistry
+    from controllers.coordinator import Coordinator
+
+
+class Lifetime(enum.Enum):
+    """When a workload runs."""
+
+    TERM = "term"  # started at each leadership term under its fence, stopped when the term ends
+    PROCESS = "process"  # started once discovery is done, on every replica; stopped first at shutdown
+
+
+@dataclass(frozen=True)
+class WorkloadStatus:
+    """A workload's part of ``/status``: its ``controllers`` rows (None while it runs none: the sidecar lists the
+    plugins' controllers as standing by), the multi-cluster document and the sharding document (None outside
+    those modes)."""
+
+    controllers: list[dict[str, Any]] | None
+    clusters: dict[str, Any] | None = None
+    sharding: dict[str, Any] | None = None
+
+
+class Workload(Protocol):
+    """One mode's work. ``start(fence)`` returns once it is started (``fence``: the term's, or ``OPEN`` for a
+    process-long one); ``stop()`` stops it, drained, and returns the names of what did not stop in time (the
+    process must then exit); both may be called again (a new term), and ``stop()`` without a ``start()``."""
+
+    lifetime: Lifetime
+
+    async def start(self, fence: Fence) -> None: ...
+
+    async def stop(self) -> list[str]: ...
+
+    def status(self) -> WorkloadStatus: ...
+
+    def health(self) -> list[HealthItem]: ...
+
+
+class RegistryMaker(Protocol):
+    """Builds the registry of member clusters over the process's parts (``wiring.py``): ``required`` GVRs in every
+    member, all engaged under the term's ``fence``, or as ``coordinator`` engages them (sharded)."""
+
+    def __call__(self, required: set[GVR], *, fence: Fence = ...,
+                 coordinator: Coordinator | None = None) -> ClusterRegistry: ...
+
+
+Stuck = Callable[[list[str]], None]
+
+
+@dataclass(frozen=True)
+class Process:
+    """The parts of the process every workload runs over: its settings, the local cluster's client and discovering
+    factory, this replica's identity, and the supervisor of its background tasks."""
+
+    settings: Settings
+    client: ApiClient
+    identity: str
+    supervisor: Supervisor
+    factory: DiscoveringDynamicSharedInformerFactory
+
+    def manager_options(self, stop_timeout: float) -> dict[str, Any]:
+        """The keyword arguments every ControllerManager (and ClusterControllers) of the process takes."""
+        s = self.settings
+        return dict(workers=s.workers, resync_period=s.resync or None, start_timeout=s.start_timeout,
+                    stop_timeout=stop_timeout, supervisor=self.supervisor)
