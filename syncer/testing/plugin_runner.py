@@ -27,7 +27,8 @@ from informers import ApiClient
 
 from ..plugins import Plugins, load_plugins
 from ..runtime import Syncer
-from ..settings import Settings, _flatten, load_settings
+from ..settings import Settings, load_settings
+from ..settings.loader import flatten
 from .controlplane import ControlPlane, _free_port
 from .wait import eventually
 
@@ -121,7 +122,7 @@ def runner_settings(control_plane: ControlPlane, plugins: Sequence[PluginSpec],
     defaults = {"entry_point_plugins": False, "watch": "required", "http_bind": f"127.0.0.1:{_free_port()}",
                 "webhooks.bind": f"127.0.0.1:{_free_port()}",
                 "webhooks.configuration_name": f"kube-syncer-test-{uuid.uuid4().hex[:8]}"}
-    return load_settings(None, {**defaults, **_flatten(given), "kubeconfig": str(control_plane.kubeconfig),
+    return load_settings(None, {**defaults, **flatten(given), "kubeconfig": str(control_plane.kubeconfig),
                                 "context": "admin", "plugins": [os.fspath(p) for p in plugins]}, _ORIGIN)
 
 
