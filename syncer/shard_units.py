@@ -12,6 +12,7 @@ from controllers.health import HealthItem
 from controllers.cluster_controllers import ClusterControllers
 from controllers.coordinator import ClusterView, Members
 
+from .settings import UnitKind
 from .shards import UnitFence
 
 ManagerMaker = Callable[[str, Fence], ControllerManager]
@@ -21,7 +22,7 @@ class ControllerUnits:
     """Each managed controller is a unit, run by a ControllerManager of its own (``make_manager(name, fence)``)
     over the process's shared informer factory."""
 
-    kind = "controllers"  # the values of settings.UnitKind
+    kind = UnitKind.CONTROLLERS
 
     def __init__(self, names: list[str], make_manager: ManagerMaker) -> None:
         self._names = set(names)
@@ -52,7 +53,7 @@ class ClusterUnits:
     """Each member cluster is a unit, and this is the registry's coordinator: a cluster is engaged (its controllers
     start, through ``ClusterControllers``) only while this replica holds its unit, under the unit's fence."""
 
-    kind = "clusters"
+    kind = UnitKind.CLUSTERS
 
     def __init__(self, per_cluster: ClusterControllers) -> None:
         self.per_cluster = per_cluster

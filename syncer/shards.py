@@ -63,7 +63,7 @@ from .lease import (
     LEASES_PATH, Observation, RenewFence, holder_spec, lease_body, lease_seconds, now_micro, released_spec,
 )
 from .rendezvous import assign
-from .settings import Sharding
+from .settings import Sharding, UnitKind
 
 LEASES = GVR("coordination.k8s.io", "v1", "leases")
 GROUP_LABEL = "kube-syncer.io/shard-group"
@@ -98,7 +98,7 @@ _OWNED = (UnitState.STARTING, UnitState.RUNNING, UnitState.FAILED)
 class Units(Protocol):
     """What is spread: ``names()`` now, and how one is started (under its fence) and stopped."""
 
-    kind: str
+    kind: UnitKind
 
     def names(self) -> set[str]: ...
 

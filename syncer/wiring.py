@@ -8,7 +8,7 @@ loads neither the sharding nor the fleet workload.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from loguru import logger
 
@@ -17,7 +17,7 @@ from controllers.cluster import display_name
 from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceFilter, Supervisor
 
 from .plugins import Plugins
-from .settings import Settings
+from .settings import Clusters, Settings, UnitKind
 from .workload import Process, Stuck, Workload
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def build_workload(process: Process, plugins: Plugins, on_stuck: Stuck) -> Workl
     if s.sharding.enabled:
         from .workloads.sharded import ShardedClusters, ShardedControllers
 
-        if s.sharding.unit_kind(s.clusters.enabled) == "clusters":
+        if s.sharding.unit_kind(s.clusters.enabled) is UnitKind.CLUSTERS:
             return ShardedClusters(process, plugins.controllers, make_registry, on_stuck)
         return ShardedControllers(process, plugins.controllers, on_stuck)
     if s.clusters.enabled:
@@ -94,15 +94,40 @@ def cluster_providers(settings: Settings, management: ApiClient) -> list[Cluster
     """The cluster providers ``[clusters]`` names, in precedence order, then the local cluster if included: a new
     provider is its module plus a line here."""
     from controllers.providers.local import LocalProvider
-    from controllers.providers.secrets import SecretOptions, SecretProvider
 
     c = settings.clusters
-    providers: list[ClusterProvider] = [
-        SecretProvider(management, SecretOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
-                                                 secret_types=c.secret_types))]
+    providers = [_PROVIDERS[name](c, management) for name in c.providers]
     if c.include_local:
         providers.append(LocalProvider())
     return providers
+
+
+def _secrets(c: Clusters, management: ApiClient) -> ClusterProvider:
+    from controllers.providers.secrets import SecretOptions, SecretProvider
+
+    return SecretProvider(management, SecretOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
+                                                    secret_types=c.secret_types))
+
+
+def _cluster_api(c: Clusters, management: ApiClient) -> ClusterProvider:
+    from controllers.providers.cluster_api import ClusterAPIOptions, ClusterAPIProvider
+
+    o = c.cluster_api
+    return ClusterAPIProvider(management, ClusterAPIOptions(namespaces=o.namespaces, ready_only=o.ready_only,
+                                                            label_selector=o.label_selector or None))
+
+
+def _kubeconfig_files(c: Clusters, management: ApiClient) -> ClusterProvider:
+    from controllers.providers.kubeconfig_files import KubeconfigFilesOptions, KubeconfigFilesProvider
+
+    o = c.kubeconfig_files
+    return KubeconfigFilesProvider(KubeconfigFilesOptions(paths=o.paths, contexts=o.contexts,
+                                                          reload_interval=o.reload_interval))
+
+
+# Each provider's name in ``clusters.providers`` (settings.CLUSTER_PROVIDERS) and how it is built from [clusters].
+_PROVIDERS: dict[str, Callable[[Clusters, ApiClient], ClusterProvider]] = {
+    "secrets": _secrets, "cluster-api": _cluster_api, "kubeconfig-files": _kubeconfig_files}
 
 
 def member_options(settings: Settings) -> MemberOptions:

@@ -23,7 +23,9 @@ from typing import Iterator
 
 import pytest
 
-from syncer.settings import Clusters, LeaderElection, Settings, SettingsError, Sharding, Webhooks, load_settings
+from syncer.settings import (
+    ClusterAPI, Clusters, KubeconfigFiles, LeaderElection, Settings, SettingsError, Sharding, Webhooks, load_settings,
+)
 from syncer.testing import ControlPlane
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,6 +256,17 @@ CASES: dict[str, Case] = {
         'watch = "everything"',
         "setting 'watch' must be one of all, required (any case), got 'everything'; set it in the settings file or "
         "in SYNCER_WATCH"),
+    "clusters-provider-unknown": Case(
+        '[clusters]\nproviders = ["secrets", "capi"]',
+        "setting 'clusters.providers' must be a list of cluster providers, each at most once, in precedence order: "
+        "secrets, cluster-api, kubeconfig-files (any case); [] only with include_local = true, got ['secrets', "
+        "'capi'] ('capi' is not a cluster provider); set it in the settings file or in SYNCER_CLUSTERS__PROVIDERS"),
+    "clusters-kubeconfig-file-missing": Case(
+        '[clusters]\nproviders = ["kubeconfig-files"]\n[clusters.kubeconfig_files]\npaths = ["/nowhere/fleet.yaml"]',
+        "setting 'clusters.kubeconfig_files.paths' must be a list of paths of existing kubeconfig files ('~' "
+        "expanded), not empty while \"kubeconfig-files\" is in clusters.providers, got ['/nowhere/fleet.yaml'] "
+        "('/nowhere/fleet.yaml' does not exist); set it in the settings file or in "
+        "SYNCER_CLUSTERS__KUBECONFIG_FILES__PATHS"),
     "clusters-type": Case(
         "clusters = true",
         "setting 'clusters' must be a table [clusters] of settings, got True; set it in the settings file or in "
@@ -261,8 +274,8 @@ CASES: dict[str, Case] = {
     "clusters-unknown": Case(
         "[clusters]\nenable = true",
         "unknown setting 'clusters.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); known settings "
-        "in [clusters] are allowed_exec_commands, enabled, include_local, label_selectors, namespaces, "
-        "probe_interval, secret_types, sync_timeout, watch"),
+        "in [clusters] are allowed_exec_commands, cluster_api, enabled, include_local, kubeconfig_files, "
+        "label_selectors, namespaces, probe_interval, providers, secret_types, sync_timeout, watch"),
     # the file itself, unknown names, environment variables, options
     "broken-toml": Case(
         "workers = [\n", "settings file '@SETTINGS@' is not valid TOML: Invalid value (at end of document)"),
@@ -369,15 +382,79 @@ def test_every_setting_is_type_checked_and_documented(tmp_path: Path, monkeypatc
     for name in [k for k in os.environ if k.startswith("SYNCER_")]:
         monkeypatch.delenv(name)
     tables = {"leader_election": LeaderElection, "webhooks": Webhooks, "clusters": Clusters,
-              "sharding": Sharding}
+              "clusters.cluster_api": ClusterAPI, "clusters.kubeconfig_files": KubeconfigFiles, "sharding": Sharding}
     names = [f.name for f in fields(Settings) if f.name not in ("source", *tables)]
-    names += [f"{t}.{f.name}" for t, cls in tables.items() for f in fields(cls)]
+    names += [f"{t}.{f.name}" for t, cls in tables.items() for f in fields(cls) if f"{t}.{f.name}" not in tables]
     for name in names:
         table, _, key = name.rpartition(".")
         (tmp_path / "s.toml").write_text(f"[{table}]\n" * bool(table) + f"{key} = {{bogus = 1}}\n")
         with pytest.raises(SettingsError, match=rf"^setting '{name}' must be .*, got \{{"):
             load_settings(str(tmp_path / "s.toml"))
         assert f"``{key}``" in ((tables[table] if table else Settings).__doc__ or ""), name
+
+
+_PROVIDERS = ("a list of cluster providers, each at most once, in precedence order: secrets, cluster-api, "
+              "kubeconfig-files (any case); [] only with include_local = true")
+_PATHS = ("a list of paths of existing kubeconfig files ('~' expanded), not empty while \"kubeconfig-files\" is in "
+          "clusters.providers")
+PROVIDER_CASES = {
+    "duplicate": ('[clusters]\nproviders = ["secrets", "Secrets"]',
+                  f"setting 'clusters.providers' must be {_PROVIDERS}, got ['secrets', 'Secrets'] ('Secrets' is listed "
+                  "twice)"),
+    "none-without-local": ('[clusters]\nproviders = []',
+                           f"setting 'clusters.providers' must be {_PROVIDERS}, got [] (without a provider and with "
+                           "include_local = false no member could ever join: list a provider, or set include_local = "
+                           "true)"),
+    "not-a-list": ('[clusters]\nproviders = "secrets"',
+                   f"setting 'clusters.providers' must be {_PROVIDERS}, got 'secrets'"),
+    "files-without-paths": ('[clusters]\nproviders = ["secrets", "kubeconfig-files"]',
+                            f"setting 'clusters.kubeconfig_files.paths' must be {_PATHS}, got its default [] "
+                            "(clusters.providers lists \"kubeconfig-files\": name at least one file)"),
+    "path-a-directory": ('[clusters.kubeconfig_files]\npaths = ["@DIR@"]',
+                         f"setting 'clusters.kubeconfig_files.paths' must be {_PATHS}, got ['@DIR@'] ('@DIR@' is not "
+                         "a file)"),
+    "contexts-empty-name": ('[clusters.kubeconfig_files]\ncontexts = [""]',
+                            "setting 'clusters.kubeconfig_files.contexts' must be a list of context names, or [] for "
+                            "every context, got ['']"),
+    "reload-interval-zero": ('[clusters.kubeconfig_files]\nreload_interval = "0s"',
+                             "setting 'clusters.kubeconfig_files.reload_interval' must be a duration > 0, got '0s'"),
+    "cluster-api-namespace": ('[clusters.cluster_api]\nnamespaces = ["Bad_NS"]',
+                              "setting 'clusters.cluster_api.namespaces' must be a list of namespace names (DNS-1123 "
+                              "labels), or [] for all namespaces, got ['Bad_NS'] ('Bad_NS' is not a DNS-1123 label)"),
+    "cluster-api-selector": ('[clusters.cluster_api]\nlabel_selector = "env in (prod"',
+                             "setting 'clusters.cluster_api.label_selector' must be a label selector, like "
+                             "'env=prod,tier!=test', or an empty string for every Cluster, got 'env in (prod' (invalid "
+                             "label selector 'env in (prod': expected ',' or ')' in a value set, got 'end of input')"),
+    "cluster-api-ready-only": ('[clusters.cluster_api]\nready_only = "yes"',
+                               "setting 'clusters.cluster_api.ready_only' must be true or false, got 'yes'"),
+    "cluster-api-unknown-key": ('[clusters.cluster_api]\nnamespace = ["a"]',
+                                "unknown setting 'clusters.cluster_api.namespace' in settings file '@SETTINGS@' (did "
+                                "you mean 'namespaces'?); known settings in [clusters.cluster_api] are label_selector, "
+                                "namespaces, ready_only"),
+    "cluster-api-not-a-table": ('[clusters]\ncluster_api = 3',
+                                "setting 'clusters.cluster_api' must be a table [clusters.cluster_api] of settings, "
+                                "got 3"),
+}
+
+
+@pytest.mark.parametrize("name", PROVIDER_CASES)
+def test_cluster_provider_settings_are_checked(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each mistake in the cluster providers' settings names the setting and the culprit."""
+    for variable in [k for k in os.environ if k.startswith("SYNCER_")]:
+        monkeypatch.delenv(variable)
+    text, expected = (t.replace("@DIR@", str(tmp_path)).replace("@SETTINGS@", str(tmp_path / "s.toml"))
+                      for t in PROVIDER_CASES[name])
+    (tmp_path / "s.toml").write_text(text + "\n")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(str(tmp_path / "s.toml"))
+    assert str(raised.value).partition("; set it in")[0] == expected
+
+
+def test_local_alone_may_provide_the_members(tmp_path: Path) -> None:
+    """With include_local, an empty provider list is the management cluster alone."""
+    (tmp_path / "s.toml").write_text("[clusters]\nenabled = true\ninclude_local = true\nproviders = []\n")
+    clusters = load_settings(str(tmp_path / "s.toml")).clusters
+    assert clusters.providers == () and clusters.include_local
 
 
 def test_clusters_option_needs_local_and_a_count(tmp_path: Path, closed_kubeconfig: Path) -> None:

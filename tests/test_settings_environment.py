@@ -66,3 +66,34 @@ def test_a_table_key_from_the_environment_keeps_the_files_other_keys(monkeypatch
     monkeypatch.setenv("SYNCER_LEADER_ELECTION__LEASE_NAME", "from-env")
     election = load_settings(settings_file).leader_election
     assert election.enabled is True and election.lease_name == "from-env"
+
+
+def test_cluster_provider_tables_come_from_the_file_and_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    """``[clusters.cluster_api]`` and ``[clusters.kubeconfig_files]`` are tables in ``[clusters]``: a key set by a
+    ``SYNCER_CLUSTERS__<TABLE>__<KEY>`` variable keeps the file's other keys; paths get ``~`` expanded."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "fleet.yaml").write_text("{}")
+    path = tmp_path / "settings.toml"
+    path.write_text('[clusters]\nproviders = ["kubeconfig-files", "Secrets"]\n'
+                    '[clusters.cluster_api]\nnamespaces = ["capi-system"]\nlabel_selector = "env=prod"\n'
+                    '[clusters.kubeconfig_files]\npaths = ["~/fleet.yaml"]\ncontexts = ["east"]\n')
+    defaults = load_settings(None).clusters
+    assert defaults.providers == ("secrets",) and defaults.cluster_api.namespaces == ()
+    assert not defaults.cluster_api.ready_only and defaults.kubeconfig_files.reload_interval == 5.0
+    clusters = load_settings(str(path)).clusters
+    assert clusters.providers == ("kubeconfig-files", "secrets")
+    assert (clusters.cluster_api.namespaces, clusters.cluster_api.label_selector) == (("capi-system",), "env=prod")
+    assert clusters.kubeconfig_files.paths == (str(tmp_path / "fleet.yaml"),)
+    assert clusters.kubeconfig_files.contexts == ("east",)
+    monkeypatch.setenv("SYNCER_CLUSTERS__PROVIDERS", '["cluster-api", "secrets"]')
+    monkeypatch.setenv("SYNCER_CLUSTERS__CLUSTER_API__READY_ONLY", "true")
+    monkeypatch.setenv("SYNCER_CLUSTERS__KUBECONFIG_FILES__RELOAD_INTERVAL", "2m")
+    clusters = load_settings(str(path)).clusters
+    assert clusters.providers == ("cluster-api", "secrets")
+    assert clusters.cluster_api.ready_only and clusters.cluster_api.namespaces == ("capi-system",)
+    assert clusters.kubeconfig_files.reload_interval == 120.0 and clusters.kubeconfig_files.contexts == ("east",)
+    monkeypatch.setenv("SYNCER_CLUSTERS__CLUSTER_API__READY_ONLY", "maybe")
+    with pytest.raises(SettingsError, match=r"^setting 'clusters.cluster_api.ready_only' must be true or false, got "
+                                            r"'maybe'; fix environment variable SYNCER_CLUSTERS__CLUSTER_API__READY_ONLY"):
+        load_settings(str(path))

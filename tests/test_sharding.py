@@ -15,7 +15,7 @@ import pytest
 from informers import ApiClient
 from syncer.lease import Observation, holder_spec
 from syncer.rendezvous import assign
-from syncer.settings import Sharding, SettingsError, load_settings
+from syncer.settings import Sharding, SettingsError, UnitKind, load_settings
 from syncer.shards import ShardCoordinator, UnitFence, UnitState
 from syncer.testing.controlplane import RESTRICTED_USER
 from tests.helpers import eventually
@@ -97,6 +97,7 @@ def test_sharding_settings_are_checked(tmp_path: Any) -> None:
     s = load('[sharding]\nenabled = true\nlease_duration = "8s"\nrenew_deadline = "5s"\nretry_period = "1s"\n'
              'min_hold = "0s"\n').sharding
     assert s.enabled and s.unit_kind(False) == "controllers" and s.unit_kind(True) == "clusters" and s.min_hold == 0
+    assert s.unit_kind(False) is UnitKind.CONTROLLERS and f"{s.unit_kind(True)}" == "clusters"
     for text, named in [
         ('[sharding]\nrenew_deadline = "20s"\n', "sharding.renew_deadline"),
         ('[sharding]\nretry_period = "12s"\n', "sharding.retry_period"),

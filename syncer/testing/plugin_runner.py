@@ -27,8 +27,10 @@ from informers import ApiClient
 
 from ..plugins import Plugins, load_plugins
 from ..runtime import Syncer
-from ..settings import Settings, _flatten, load_settings
-from .controlplane import ControlPlane, _free_port
+from ..settings import Settings, load_settings
+from ..settings.loader import flatten
+from .controlplane import ControlPlane
+from .processes import free_port
 from .wait import eventually
 
 _FIXED = ("kubeconfig", "context", "in_cluster", "plugins")
@@ -117,10 +119,10 @@ def runner_settings(control_plane: ControlPlane, plugins: Sequence[PluginSpec],
     if fixed:
         raise ValueError(f"{_ORIGIN} cannot set {', '.join(fixed)}: the control plane gives the credentials and "
                          "the plugin argument the plugins")
-    defaults = {"entry_point_plugins": False, "watch": "required", "http_bind": f"127.0.0.1:{_free_port()}",
-                "webhooks.bind": f"127.0.0.1:{_free_port()}",
+    defaults = {"entry_point_plugins": False, "watch": "required", "http_bind": f"127.0.0.1:{free_port()}",
+                "webhooks.bind": f"127.0.0.1:{free_port()}",
                 "webhooks.configuration_name": f"kube-syncer-test-{uuid.uuid4().hex[:8]}"}
-    return load_settings(None, {**defaults, **_flatten(given), "kubeconfig": str(control_plane.kubeconfig),
+    return load_settings(None, {**defaults, **flatten(given), "kubeconfig": str(control_plane.kubeconfig),
                                 "context": "admin", "plugins": [os.fspath(p) for p in plugins]}, _ORIGIN)
 
 

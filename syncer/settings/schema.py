@@ -1,0 +1,205 @@
+"""The schema: every setting with its check, in checking order, and which settings are tables of settings. The
+checks that belong to one setting are here; the reusable ones are in ``checks.py``.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from pathlib import Path
+from typing import Any, Mapping
+
+from informers.field_selector import FieldSelector
+from informers.gvr import GVR
+from informers.resource_filter import Rule
+from informers.selector import LabelSelector, SelectorError
+
+from .checks import (
+    Check, Invalid, auto_or_boolean, boolean, choice, dns_labels, dns_name, duration, existing, host_port, integer,
+    parsed_strings, string, string_list, strings,
+)
+from .tables import CLUSTER_PROVIDERS, LOG_LEVELS, MAX_WORKERS
+
+_resource_rules = parsed_strings("resource rules", Rule.parse, ValueError)
+
+
+def _entry_point_plugins(value: Any, done: Mapping[str, Any]) -> bool | tuple[str, ...]:
+    names = value if isinstance(value, bool) else string_list(value)
+    if names is None:
+        raise Invalid("true (all installed), false (none) or a list of entry point names")
+    return names
+
+
+def _kubeconfig(value: Any, done: Mapping[str, Any]) -> str:
+    path = string(value, done)
+    if path and not Path(path).expanduser().is_file():
+        raise Invalid("the path of an existing kubeconfig file", "it does not exist")
+    return path
+
+
+def _https_url(value: Any, done: Mapping[str, Any]) -> str:
+    if value == "":
+        return ""
+    parts = urllib.parse.urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme != "https" or not parts.hostname or parts.query or parts.fragment:
+        raise Invalid("an https:// URL without query or fragment, like 'https://127.0.0.1:9443', or an empty "
+                      "string for one made of 'webhooks.bind'")
+    return str(value)
+
+
+def _field_selectors(value: Any, done: Mapping[str, Any]) -> dict[str, str]:
+    expect = "a table of GVR = field selector ([field_selectors] \"pods.v1\" = \"spec.nodeName=node-a\")"
+    if not isinstance(value, dict):
+        raise Invalid(expect)
+    out = {}
+    for key, text in value.items():
+        try:
+            gvr = GVR.parse(str(key))
+            selector = FieldSelector.parse(text) if isinstance(text, str) else None
+        except ValueError as e:
+            raise Invalid(expect, str(e)) from None
+        if not selector:
+            raise Invalid(expect, f"{key} = {text!r} is not a field selector")
+        out[str(gvr)] = str(selector)
+    return out
+
+
+def _plugin_tables(value: Any, done: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    expect = "a table of per-plugin tables ([plugin_settings.<plugin name>])"
+    if not isinstance(value, dict):
+        raise Invalid(expect)
+    for name, table in value.items():
+        if not isinstance(table, dict):
+            raise Invalid(expect, f"plugin_settings.{name} is a {type(table).__name__}, not a table")
+    # Plugin names are case-insensitive like setting names (environment variables arrive in upper case).
+    return {str(name).lower(): dict(table) for name, table in value.items()}
+
+
+def _unit_kind(value: Any, done: Mapping[str, Any]) -> str:
+    kind = str(choice(("auto", "clusters", "controllers"))(value, done))
+    clusters = done.get("clusters.enabled")
+    if clusters is None:
+        return kind
+    if kind == "clusters" and not clusters:
+        raise Invalid("\"auto\" or \"controllers\" while [clusters] is off", "clusters are units only in "
+                      "multi-cluster mode: set [clusters] enabled = true")
+    if kind == "controllers" and clusters:
+        raise Invalid("\"auto\" or \"clusters\" in multi-cluster mode", "in multi-cluster mode a cluster, with "
+                      "all its controllers, is the unit")
+    return kind
+
+
+def _providers(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
+    expect = (f"a list of cluster providers, each at most once, in precedence order: {', '.join(CLUSTER_PROVIDERS)} "
+              "(any case); [] only with include_local = true")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise Invalid(expect)
+    providers: list[str] = []
+    for name in value:
+        known = next((p for p in CLUSTER_PROVIDERS if p == name.strip().lower()), None)
+        if known is None:
+            raise Invalid(expect, f"{name!r} is not a cluster provider")
+        if known in providers:
+            raise Invalid(expect, f"{name!r} is listed twice")
+        providers.append(known)
+    if not providers and not done["clusters.include_local"]:
+        raise Invalid(expect, "without a provider and with include_local = false no member could ever join: list a "
+                      "provider, or set include_local = true")
+    return tuple(providers)
+
+
+def _label_selector(value: Any, done: Mapping[str, Any]) -> str:
+    expect = "a label selector, like 'env=prod,tier!=test', or an empty string for every Cluster"
+    if not isinstance(value, str):
+        raise Invalid(expect)
+    try:
+        LabelSelector.parse(value)
+    except SelectorError as e:
+        raise Invalid(expect, str(e)) from None
+    return value
+
+
+def _kubeconfig_paths(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
+    expect = ("a list of paths of existing kubeconfig files ('~' expanded), not empty while \"kubeconfig-files\" is "
+              "in clusters.providers")
+    paths = string_list(value)
+    if paths is None:
+        raise Invalid(expect)
+    if not paths and "kubeconfig-files" in done["clusters.providers"]:
+        raise Invalid(expect, "clusters.providers lists \"kubeconfig-files\": name at least one file")
+    expanded = tuple(str(Path(p).expanduser()) for p in paths)
+    for given, path in zip(paths, expanded):
+        if not Path(path).is_file():
+            raise Invalid(expect, f"{given!r} {'is not a file' if Path(path).exists() else 'does not exist'}")
+    return expanded
+
+
+# Every setting, in checking order (a limit relative to another setting comes after that setting).
+CHECKS: dict[str, Check] = {
+    "kubeconfig": _kubeconfig,
+    "context": string,
+    "in_cluster": boolean,
+    "plugins": strings("plugin modules (dotted paths or .py files)"),
+    "entry_point_plugins": _entry_point_plugins,
+    "include": _resource_rules,
+    "exclude": _resource_rules,
+    "preferred_version_only": boolean,
+    "namespace": dns_name("label", empty_means="all namespaces"),
+    "rediscovery_interval": duration(),
+    "full_rediscovery_interval": duration(at_least="rediscovery_interval"),
+    "resync": duration(zero_means="turns resync off"),
+    "workers": integer(1, MAX_WORKERS),
+    "check_permissions": boolean,
+    "http_bind": host_port,
+    "log_level": choice(LOG_LEVELS),
+    "log_format": choice(("text", "json")),
+    "shutdown_timeout": duration(),
+    "start_timeout": duration(),
+    "uvloop": boolean,
+    "http2": boolean,
+    "debug_endpoints": boolean,
+    "watch": choice(("all", "required")),
+    "leader_election.enabled": boolean,
+    "leader_election.lease_name": dns_name("subdomain"),
+    "leader_election.lease_namespace": dns_name("label"),
+    "leader_election.lease_duration": duration(),
+    "leader_election.renew_deadline": duration(below="leader_election.lease_duration"),
+    "leader_election.retry_period": duration(below="leader_election.renew_deadline"),
+    "webhooks.bind": host_port,
+    "webhooks.cert_dir": existing("directory"),
+    "webhooks.hosts": strings("DNS names or IP addresses"),
+    "webhooks.client_ca_file": existing("file"),
+    "webhooks.manage_configurations": auto_or_boolean,
+    "webhooks.configuration_name": dns_name("subdomain"),
+    "webhooks.url": _https_url,
+    "webhooks.probe_namespace": dns_name("label"),
+    "clusters.enabled": boolean,
+    "clusters.namespaces": dns_labels,
+    "clusters.label_selectors": parsed_strings("label selectors, like 'kube-syncer.io/kubeconfig=true'",
+                                                LabelSelector.parse, SelectorError),
+    "clusters.secret_types": strings("Secret types"),
+    "clusters.include_local": boolean,
+    "clusters.providers": _providers,
+    "clusters.allowed_exec_commands": strings("commands"),
+    "clusters.sync_timeout": duration(),
+    "clusters.probe_interval": duration(),
+    "clusters.watch": choice(("required", "all")),
+    "clusters.cluster_api.namespaces": dns_labels,
+    "clusters.cluster_api.ready_only": boolean,
+    "clusters.cluster_api.label_selector": _label_selector,
+    "clusters.kubeconfig_files.paths": _kubeconfig_paths,
+    "clusters.kubeconfig_files.contexts": strings("context names, or [] for every context"),
+    "clusters.kubeconfig_files.reload_interval": duration(),
+    "sharding.enabled": boolean,
+    "sharding.units": _unit_kind,
+    "sharding.group": dns_name("label"),
+    "sharding.lease_namespace": dns_name("label"),
+    "sharding.lease_duration": duration(),
+    "sharding.renew_deadline": duration(below="sharding.lease_duration"),
+    "sharding.retry_period": duration(below="sharding.renew_deadline"),
+    "sharding.min_hold": duration(zero_means="hands units over as soon as the assignment says"),
+    "field_selectors": _field_selectors,
+    "plugin_settings": _plugin_tables,
+}
+# The settings that are tables of settings (checked key by key above), a table's own tables after it.
+TABLES = ("leader_election", "webhooks", "clusters", "clusters.cluster_api", "clusters.kubeconfig_files",
+          "sharding")
