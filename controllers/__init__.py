@@ -24,7 +24,6 @@ from .ratelimiter import (
 )
 from .reconcile import Request, Result, TerminalError
 from .retry import DEFAULT_RETRY, RetryBackoff, retry_on_conflict
-from .union_controller import ManagedSub, SubFactory, UnionController
 from .upsert import OperationResult, create_or_patch, create_or_update
 from .workqueue import QueueShutDown, WorkQueue
 
@@ -38,6 +37,5 @@ __all__ = [
     "retry_on_conflict", "semantic_equal", "set_controller_reference", "set_owner_reference",
     "Predicate", "ReconcileContext", "ReconcileMetrics", "WatchEvent", "and_", "annotations_changed", "fields_match",
     "generation_changed", "labels_changed", "not_", "or_", "reconcile_metrics", "resource_version_changed",
-    "ManagedSub", "SubFactory", "UnionController",
     "find_status_condition", "is_status_condition_true", "remove_status_condition", "set_status_condition",
 ]

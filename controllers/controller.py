@@ -57,7 +57,7 @@ from .owners import owner_requests
 from .predicates import Predicate, WatchEvent, WatchEventType, fields_match
 from .ratelimiter import RateLimiter
 from .reconcile import Request, Result
-from .worker import run_worker, still_in_term
+from .keyed_loop import KeyedLoop, still_in_term
 from .workqueue import WorkQueue
 
 ReconcileFunc = Callable[[Request, ReconcileContext], Awaitable[Result | None]]
@@ -279,9 +279,11 @@ class Controller:
         queue: WorkQueue[Request] = WorkQueue(self.name, self._rate_limiter, self._metrics_registry)
         self.queue = queue
         self.stats = ctx.reconcile_stats
-        metrics = reconcile_metrics(self.name, self._metrics_registry)
-        metrics.max_concurrent_reconciles = self.workers
         events = EventRecorder(ctx.client, self.name, socket.gethostname()) if ctx.client is not None else None
+        loop = KeyedLoop(self.name, queue, lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events)),
+                         workers=self.workers, fence=ctx.fence, stats=self.stats,
+                         metrics=reconcile_metrics(self.name, self._metrics_registry),
+                         log=ctx.log.bind(controller=self.name), max_retries=self.max_retries)
         regs = []
         try:
             to_owner = await self._owner_mapping(ctx) if any(w.map_fn is None for w in self._watches) else _own
@@ -295,14 +297,9 @@ class Controller:
                 regs.append(ctx.add_event_handler(w.source, _Enqueuer(queue, w.map_fn or to_owner, w.predicates,
                                                                       name)))
             await asyncio.gather(*(r.wait_for_sync() for r in regs))
-            async with asyncio.TaskGroup() as tg:
-                for i in range(self.workers):
-                    tg.create_task(run_worker(
-                        queue, lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events)),
-                        fence=ctx.fence, stats=self.stats, metrics=metrics, log=ctx.log.bind(controller=self.name),
-                        max_retries=self.max_retries), name=f"{self.name} worker {i}")
+            await loop.run()
         finally:
-            queue.shutdown()
+            await loop.stop()  # its queue, when the loop never ran
             for reg in regs:
                 await reg.informer.remove_event_handler(reg)
             if events is not None:

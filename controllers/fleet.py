@@ -14,8 +14,8 @@ Differences from the anchors, and why:
   "cluster not found" requests looped forever before it learned this.
 - A sub is added and removed by identity: the informer of a previous connection (a rotated kubeconfig) or of a
   previous CRD leaving late never removes its successor.
-- Retries, requeues, ``TerminalError``, metrics and the leadership fence work as in the Controller (one worker loop,
-  ``worker.py``); ``reconcile`` may be sync in skv2, here it must be a coroutine (a blocking one would stall the
+- Retries, requeues, ``TerminalError``, metrics and the leadership fence work as in the Controller (one loop,
+  ``keyed_loop.py``); ``reconcile`` may be sync in skv2, here it must be a coroutine (a blocking one would stall the
   process).
 """
 
@@ -40,10 +40,10 @@ from .cluster_clients import ClusterClients
 from .cluster_registry import ClusterRegistry
 from .context import ReconcileStats
 from .fence import OPEN, Fence, fenced
+from .keyed_loop import KeyedLoop, still_in_term
 from .metrics import reconcile_metrics
 from .ratelimiter import RateLimiter
 from .reconcile import Request, Result
-from .worker import run_worker, still_in_term
 from .workqueue import WorkQueue
 
 
@@ -240,9 +240,6 @@ class FleetLoop:
         reconciler = await self._create()
         reconcile = reconciler.reconcile
         deletion = getattr(reconciler, "reconcile_deletion", None)
-        metrics = reconcile_metrics(self.name, self._metrics_registry)
-        metrics.max_concurrent_reconciles = self.spec.workers
-        registration = self.union.add_event_handler(_Enqueuer(self.queue), name=self.name)
 
         async def handle(item: ClusterRequest) -> Result | None:
             still_in_term(self.fence)
@@ -252,13 +249,12 @@ class FleetLoop:
                 result = await deletion(item.cluster, item.request) if deletion is not None else None
             return result
 
+        loop = KeyedLoop(self.name, self.queue, handle, workers=self.spec.workers, fence=self.fence, stats=self.stats,
+                         metrics=reconcile_metrics(self.name, self._metrics_registry), log=self._log, skip=self._gone)
+        registration = self.union.add_event_handler(_Enqueuer(self.queue), name=self.name)
         try:
-            async with asyncio.TaskGroup() as tg:
-                for i in range(self.spec.workers):
-                    tg.create_task(run_worker(self.queue, handle, fence=self.fence, stats=self.stats, metrics=metrics,
-                                              log=self._log, skip=self._gone), name=f"{self.name} worker {i}")
+            await loop.run()
         finally:
-            self.queue.shutdown()
             await self.union.remove_event_handler(registration)
 
     async def _create(self) -> FleetReconciler:

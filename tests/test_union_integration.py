@@ -1,5 +1,4 @@
-"""A union over the ConfigMap informers of several real control planes, and a UnionController driven by cluster
-records on another."""
+"""A union over the ConfigMap informers of several real control planes."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
-from controllers import ItemExponentialFailureRateLimiter, UnionController
 from informers import ApiClient, InformerMetrics, SharedIndexInformer, UnionInformer
 from syncer.testing import ControlPlane
 
@@ -110,53 +108,3 @@ async def test_union_over_three_control_planes(control_plane_factory):
             await subs.pop(name).stop()
     assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
 
-
-async def test_union_controller_follows_cluster_records(control_plane, namespace, control_plane_factory):
-    """Cluster records are ConfigMaps on the management plane naming a member plane's kubeconfig file."""
-    before = asyncio.all_tasks()
-    members = [control_plane_factory(), control_plane_factory()]
-    for i, cp in enumerate(members):
-        await create_cm(cp, f"cm-{i}")
-    made: list[ClusterInformer] = []
-
-    def factory(record):
-        made.append(sub := ClusterInformer(record["data"]["kubeconfig"]))
-        return sub
-
-    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as mgmt:
-        source = SharedIndexInformer(mgmt, CONFIGMAPS, namespace=namespace,
-                                     metrics=InformerMetrics.for_registry(CollectorRegistry()))
-        union = UnionInformer()
-        seen = Seen()
-        union.add_event_handler(seen)
-        controller = UnionController(union, source, factory, metrics_registry=CollectorRegistry(),
-                                     rate_limiter=ItemExponentialFailureRateLimiter(0.05, 1.0))
-
-        async def put(i: int) -> None:
-            await mgmt.request("POST", CONFIGMAPS.path(namespace), body={
-                "metadata": {"name": f"member-{i}"}, "data": {"kubeconfig": str(members[i].kubeconfig)}})
-
-        source.start()
-        task = asyncio.create_task(controller.run())
-        try:
-            await put(0)
-            await eventually(controller.ready, 60, "member-0 ready")
-            await eventually(lambda: seen.adds.get((f"{namespace}/member-0", "cm-0")) is True, 30, "cm-0")
-            await put(1)
-            await eventually(lambda: (f"{namespace}/member-1", "cm-1") in seen.adds, 60, "cm-1")
-            await eventually(controller.ready, 30, "both ready")
-            assert union.clusters() == [f"{namespace}/member-0", f"{namespace}/member-1"]
-
-            await mgmt.request("DELETE", CONFIGMAPS.path(namespace, "member-0"))
-            await eventually(lambda: union.clusters() == [f"{namespace}/member-1"], 30, "member-0 gone")
-            await eventually(lambda: made[0].client.closed, 10, "member-0's client closed")
-            await create_cm(members[0], "after-removal")
-            await create_cm(members[1], "marker")
-            await eventually(lambda: (f"{namespace}/member-1", "marker") in seen.adds, 30, "marker")
-            assert all(c != f"{namespace}/member-0" or n != "after-removal" for c, n in seen.adds)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await source.stop()
-        assert union.clusters() == [] and len(made) == 2 and all(s._stopped for s in made)
-    assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()

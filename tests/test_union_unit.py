@@ -1,4 +1,4 @@
-"""UnionInformer, UnionLister and UnionController against informers fed by hand (no API server).
+"""UnionInformer and UnionLister against informers fed by hand (no API server).
 
 The subs are real SharedIndexInformers over a client that never answers: their caches are filled with
 ``replace`` (a list) and ``apply`` (a watch event), as the reflector would, so handler queues, replays and
@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from controllers import ItemExponentialFailureRateLimiter, UnionController
 from informers import (
     GVR, ClusterNotFound, ClusterObject, DeletedFinalStateUnknown, FuncHandler, HandlerInstallError, InformerMetrics,
     NotFound, SelectorError, SharedIndexInformer, UnionInformer,
@@ -24,7 +23,6 @@ from informers import (
 from .helpers import eventually
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
-SECRETS = GVR("", "v1", "secrets")
 
 
 class IdleClient:
@@ -41,8 +39,8 @@ class IdleClient:
 class Sub(SharedIndexInformer):
     """An informer of one cluster, fed by hand; ``refuse_after=n`` makes installs after the n-th fail."""
 
-    def __init__(self, *objs, refuse_after=None, gvr=CONFIGMAPS, synced=True):
-        super().__init__(IdleClient(), gvr, metrics=InformerMetrics.for_registry(CollectorRegistry()))
+    def __init__(self, *objs, refuse_after=None, synced=True):
+        super().__init__(IdleClient(), CONFIGMAPS, metrics=InformerMetrics.for_registry(CollectorRegistry()))
         self.refuse_after = refuse_after
         self.start()
         if synced:
@@ -547,209 +545,3 @@ def test_random_interleavings_leave_every_sub_with_exactly_the_union_handlers(op
         assert asyncio.all_tasks() - before == set()  # no handler or detach task left behind
 
     asyncio.run(scenario())
-
-
-# -- controller ----------------------------------------------------------------------------------------------
-def record(name, ns="clusters", rv="1"):
-    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv}}
-
-
-class Factory:
-    """Makes a Sub per cluster record; answers None ("not yet") for names in ``not_yet``."""
-
-    def __init__(self, not_yet=()):
-        self.not_yet = set(not_yet)
-        self.calls = []
-        self.made = {}
-
-    async def __call__(self, rec):
-        name = rec["metadata"]["name"]
-        self.calls.append(name)
-        if name in self.not_yet:
-            return None
-        sub = self.made[name] = Sub(f"{name}-cm", synced=False)
-        sub.replace([cm(f"{name}-cm")], "1")
-        return sub
-
-
-def controller(source, factory, u=None, **kw):
-    u = u or union()
-    limiter = ItemExponentialFailureRateLimiter(0.001, 0.02)
-    return UnionController(u, source, factory, rate_limiter=limiter, metrics_registry=CollectorRegistry(), **kw)
-
-
-@pytest.fixture
-async def source():
-    before = asyncio.all_tasks()
-    src = Sub(gvr=SECRETS, synced=False)
-    yield src
-    await src.stop()
-    assert leaked(before) == set()
-
-
-async def test_controller_adds_and_removes_subs_as_records_come_and_go(source):
-    factory = Factory()
-    c = controller(source, factory)
-    rec = Recorder()
-    c.union.add_event_handler(rec)
-    task = asyncio.create_task(c.run())
-    try:
-        source.replace([record("one"), record("one", ns="other")], "1")
-        await settle(lambda: c.union.clusters() == ["clusters/one", "other/one"])
-        await settle(lambda: rec.seen() == {("clusters/one", "one-cm"), ("other/one", "one-cm")})
-        assert all(initial for *_, initial in rec.events)  # the sub joined before it started: its first list
-        assert factory.made["one"].started
-        source.apply("DELETED", record("one"))
-        await settle(lambda: c.union.clusters() == ["other/one"])
-        assert c.union.lister.get("one-cm", "ns").cluster == "other/one"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    assert c.union.clusters() == [] and source.registrations == []
-    assert all(s._stopped for s in factory.made.values())
-
-
-async def test_controller_reads_the_lister_not_the_event_payload(source):
-    factory = Factory()
-    c = controller(source, factory)
-    source.replace([], "1")
-    source.apply("ADDED", record("ghost"))
-    source.apply("DELETED", record("ghost"))  # gone before any worker looks: never built
-    task = asyncio.create_task(c.run())
-    try:
-        await settle(c.ready)
-        await asyncio.sleep(0.05)
-        assert factory.calls == [] and c.union.clusters() == []
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def test_controller_retries_not_yet_without_another_event_and_gates_readiness(source):
-    factory = Factory(not_yet={"late"})
-    c = controller(source, factory)
-    assert not c.ready()
-    task = asyncio.create_task(c.run())
-    try:
-        await asyncio.sleep(0.02)
-        assert not c.ready()  # the source has not synced
-        source.replace([record("late"), record("now")], "1")
-        await settle(lambda: c.union.clusters() == ["clusters/now"] and factory.calls.count("late") >= 3)
-        assert not c.ready()  # "late" is expected and has no sub
-        factory.not_yet.clear()
-        await settle(c.ready)
-        assert c.union.clusters() == ["clusters/late", "clusters/now"]
-        source.apply("DELETED", record("late"))
-        await settle(lambda: c.union.clusters() == ["clusters/now"])
-        calls = len(factory.calls)
-        await asyncio.sleep(0.1)
-        assert len(factory.calls) == calls  # a deleted record is not retried (no resurrection)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def test_controller_is_idempotent_for_a_present_cluster(source):
-    factory = Factory()
-    c = controller(source, factory)
-    task = asyncio.create_task(c.run())
-    try:
-        source.replace([record("a")], "1")
-        await settle(c.ready)
-        source.apply("MODIFIED", record("a", rv="2"))
-        source.apply("MODIFIED", record("a", rv="3"))
-        await asyncio.sleep(0.05)
-        assert factory.calls == ["a"]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def test_controller_stops_a_sub_whose_install_fails_and_retries(source):
-    factory = Factory()
-    u = union()
-    refusing = [True]
-
-    class Picky:
-        def __init__(self):
-            self.name = "picky"
-
-        def on_add(self, obj, is_in_initial_list):
-            pass
-
-    c = controller(source, factory, u)
-    u.add_event_handler(Picky())
-    original = Sub.add_event_handler
-
-    def add_event_handler(self, handler, resync_period=None, name=None):
-        if refusing[0] and self.gvr == CONFIGMAPS:
-            raise RuntimeError("refused")
-        return original(self, handler, resync_period, name)
-
-    Sub.add_event_handler = add_event_handler
-    task = asyncio.create_task(c.run())
-    try:
-        source.replace([record("a")], "1")
-        await settle(lambda: len(factory.calls) >= 2)
-        assert u.clusters() == [] and all(s._stopped for s in factory.made.values())
-        refusing[0] = False
-        await settle(c.ready)
-    finally:
-        Sub.add_event_handler = original
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    assert all(s._stopped for s in factory.made.values())
-
-
-async def test_controller_shutdown_lets_a_slow_item_finish_then_stops_every_sub(source):
-    gate = asyncio.Event()
-    entered = asyncio.Event()
-    made = []
-
-    async def slow_factory(rec):
-        if rec["metadata"]["name"] == "slow":
-            entered.set()
-            await gate.wait()
-        made.append(s := Sub())
-        return s
-
-    c = controller(source, slow_factory, stop_timeout=5)
-    task = asyncio.create_task(c.run())
-    source.replace([record("fast"), record("slow")], "1")
-    await entered.wait()
-    await settle(lambda: c.union.clusters() == ["clusters/fast"])
-    task.cancel()
-    await asyncio.sleep(0.05)
-    assert not task.done()  # the worker finishes its item first
-    gate.set()
-    await asyncio.gather(task, return_exceptions=True)
-    assert len(made) == 2 and all(s._stopped for s in made) and c.union.clusters() == []
-
-
-async def test_controller_shutdown_cancels_a_worker_past_stop_timeout_without_leaking_its_sub(source):
-    made = []
-
-    async def hanging_factory(rec):
-        made.append(s := Sub())
-        await asyncio.get_running_loop().create_future()
-
-    c = controller(source, hanging_factory, stop_timeout=0.05)
-    task = asyncio.create_task(c.run())
-    source.replace([record("x")], "1")
-    await settle(lambda: bool(made))
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    assert c.union.clusters() == [] and source.registrations == []
-    await made[0].stop()  # the factory never handed it over: it was never the controller's
-
-
-async def test_controller_runs_once(source):
-    c = controller(source, Factory())
-    task = asyncio.create_task(c.run())
-    await asyncio.sleep(0)
-    with pytest.raises(RuntimeError, match="runs once"):
-        await c.run()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    with pytest.raises(ValueError, match="workers"):
-        controller(source, Factory(), workers=0)

@@ -109,7 +109,7 @@ async def test_shutdown_drains_and_then_raises():
 async def test_waiting_getter_is_woken_by_shutdown():
     q: WorkQueue[str] = WorkQueue()
     getter = asyncio.create_task(q.get())
-    await asyncio.sleep(0)  # one turn: the getter is now waiting
+    await settle(lambda: len(q._getters) == 1)  # waiting: not the path of a get on a queue already shut down
     q.shutdown()
     with pytest.raises(QueueShutDown):
         await getter
