@@ -47,13 +47,10 @@ from .reconcile import Request, Result
 from .workqueue import WorkQueue
 
 
-_LOCAL_UNION_NAME = "(local)"
-
-
 def union_name(cluster: str) -> str:
     """The name of ``cluster`` in a fleet controller's union: a union needs a name, and the local cluster's is
-    empty, so it is ``(local)`` there (no Secret can be named so); requests still carry ``""``."""
-    return cluster or _LOCAL_UNION_NAME
+    empty, so it is shown there (``display_name``); requests still carry ``LOCAL_CLUSTER``."""
+    return display_name(cluster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +322,7 @@ class _Enqueuer:
     def _add(self, obj: Any, cluster: str) -> None:
         obj = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
         meta = obj["metadata"]
-        self.queue.add(ClusterRequest(LOCAL_CLUSTER if cluster == _LOCAL_UNION_NAME else cluster, meta["name"],
+        self.queue.add(ClusterRequest(LOCAL_CLUSTER if cluster == union_name(LOCAL_CLUSTER) else cluster, meta["name"],
                                       meta.get("namespace") or None))
 
     def on_add(self, obj: Obj, is_in_initial_list: bool, cluster: str) -> None:

@@ -6,8 +6,8 @@ depends on the providers' current views alone, so every replica and every restar
 
 Changes are passed on only once every provider has listed its source (or ``sync_timeout`` passed): a restart
 does not first connect to the cluster of a Secret that an older one, listed a moment later, overrules. Each name
-is passed on by a keyed work queue (one name at a time, a failure retried with backoff), so a burst of events for
-one cluster is one settle.
+is passed on by the keyed loop (``keyed_loop.py``: one name at a time, a failure retried with backoff), so a burst
+of events for one cluster is one settle.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from informers import Supervisor, TaskHandle
 
 from .cluster import display_name
 from .provider import ClusterConfig, ClusterProvider, Conflict
-from .workqueue import QueueShutDown, WorkQueue
+from .keyed_loop import KeyedLoop
+from .workqueue import WorkQueue
 
 
 class ProviderSet:
@@ -38,6 +39,8 @@ class ProviderSet:
         self._sync_timeout = sync_timeout
         self._supervisor = supervisor or Supervisor(name)
         self._queue: WorkQueue[str] = WorkQueue()
+        self._loop = KeyedLoop(f"{name} providers", self._queue, self._settle, log=logger.bind(component=name),
+                               action="settling cluster {}")
         self._on_change: Callable[[str], None] = lambda _: None
         self._logged: set[tuple[str, str, str]] = set()  # cross-provider conflicts logged: (cluster, loser, holder)
         self._started = False
@@ -97,12 +100,13 @@ class ProviderSet:
         self._on_change = on_change
         for provider in self.providers:
             await provider.start(self._queue.add)
-        self._supervisor.spawn(f"{self.name} providers", self._work)
+        # Not restarted: the loop runs once, and it only ends on a bug of its own, which /healthz then names.
+        self._supervisor.spawn(f"{self.name} providers", self._work, restart=False)
 
     async def stop(self) -> None:
         """Stop passing changes on, then stop every provider."""
         await self._supervisor.cancel(f"{self.name} providers")
-        self._queue.shutdown()
+        await self._loop.stop()
         await asyncio.gather(*(p.stop() for p in self.providers))
         self._started = False
 
@@ -112,16 +116,7 @@ class ProviderSet:
             for name in sorted(self.names()):
                 self._queue.add(name)
             self._listed = True
-        while True:
-            try:
-                name = await self._queue.get()
-            except QueueShutDown:
-                return
-            try:
-                self._on_change(name)
-                self._queue.forget(name)
-            except Exception:
-                self._log.exception("settling cluster {} failed; retrying", display_name(name))
-                self._queue.add_rate_limited(name)
-            finally:
-                self._queue.done(name)
+        await self._loop.run()
+
+    async def _settle(self, name: str) -> None:
+        self._on_change(name)
