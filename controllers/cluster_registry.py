@@ -78,7 +78,7 @@ from .cluster import (
     LOCAL_CLUSTER, Cluster, ClusterContext, ClusterHandler, ClusterRemovedHandler, Condition, ConditionType,
     NamedLocks, display_name, finish,
 )
-from .fence import OPEN, Fence, fenced
+from .fence import CLOSED, OPEN, Fence, fenced
 from .workqueue import QueueShutDown, WorkQueue
 
 SECRETS = GVR("", "v1", "secrets")
@@ -457,7 +457,7 @@ class ClusterRegistry:
 
     def _add(self, m: _Member) -> None:
         fence = self._gate(m.name)
-        m.fence = fence if fence is not None else _NOT_OURS  # never reached: engaged only through an open gate
+        m.fence = fence if fence is not None else CLOSED  # never reached: engaged only through an open gate
         self._members[m.name] = m
         m.task = self._spawn(self._run(m), f"cluster {display_name(m.name)}")
 
@@ -725,16 +725,6 @@ class ClusterClients:
     def list_clusters(self) -> list[str]:
         """The clusters that are up, sorted."""
         return self._registry.list_clusters()
-
-
-class _NotOurs:
-    """The fence of a cluster the gate gives to another replica: closed."""
-
-    def valid(self) -> bool:
-        return False
-
-
-_NOT_OURS: Fence = _NotOurs()
 
 
 def _default_factory(metrics_registry: CollectorRegistry | None, client: ApiClient,
