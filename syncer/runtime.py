@@ -208,7 +208,7 @@ class Syncer:
         if self.unit_controllers is not None:
             items += self.unit_controllers.health()
         if self.shards is not None:
-            items += self.shards.health()
+            items += [h.as_dict() for h in self.shards.health()]
         items += self.stores.health() + self.runnables.health() + (self.webhooks.health() if self.webhooks else [])
         return all(i["healthy"] for i in items), items
 

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # tenacity (the sidecar's connect retries) and the sidecar's optional parts.
 LAZY = ["kubernetes", "cryptography", "dynaconf", "tenacity", "aiohttp.web", "syncer.webhook.service",
         "syncer.webhook.server", "syncer.webhook.certificates", "syncer.shards", "syncer.shard_units",
+        "syncer.shard_group", "syncer.shard_state", "syncer.fences",
         "syncer.leader", "syncer.debug", "syncer.builtin"]
 
 
