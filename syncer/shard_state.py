@@ -99,11 +99,6 @@ class Unit:
 class ShardMetrics(MetricSet):
     """The gauges of every coordinator of a registry, read when the metrics are collected."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__(registry)
-        self.coordinators: "weakref.WeakSet[ShardCoordinator]" = weakref.WeakSet()
-        registry.register(self)
-
     def collect(self) -> Iterator[Metric]:
         units = GaugeMetricFamily("syncer_shard_units", "Units by state as this replica sees them (owned: starting, "
                                   "running or failed here).", labels=["state"])
@@ -125,3 +120,8 @@ class ShardMetrics(MetricSet):
         unowned.add_metric([], free)
         members.add_metric([], live)
         yield from (units, unowned, members)
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.coordinators: "weakref.WeakSet[ShardCoordinator]" = weakref.WeakSet()
+        registry.register(self)
