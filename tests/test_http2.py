@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -248,7 +249,8 @@ class _Wire(asyncio.Transport):
             asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
 
 
-def _unreachable() -> "kubernetes.client.Configuration":  # noqa: F821 (imported where used)
+def _unreachable() -> Any:
+    """A configuration of a server that is not there (the kubernetes package's, as ``from_configuration`` takes)."""
     import kubernetes
 
     conf = kubernetes.client.Configuration()
