@@ -153,14 +153,14 @@ class H2Connection(asyncio.Protocol):
             self._h2.send_headers(sid, fields, end_stream=not body)
             self._flush()
             if body:
-                await self._send_body(stream, body)
+                await self._send_body(stream, body, guard)
             await self._writable.wait()
             return await stream.response()
         except BaseException:
             stream.cancel()
             raise
 
-    async def _send_body(self, stream: _Stream, body: bytes) -> None:
+    async def _send_body(self, stream: _Stream, body: bytes, guard: Callable[[], None] | None) -> None:
         view = memoryview(body)
         while view:
             self._raise_if_failed()
@@ -169,6 +169,10 @@ class H2Connection(asyncio.Protocol):
             if window <= 0:
                 await stream.wait_window()
                 continue
+            if guard is not None:
+                # A body larger than the window waits between frames: a request cut short there is reset (by the
+                # caller), and the server acts on no request whose body did not end.
+                guard()
             chunk, view = view[:window], view[window:]
             self._h2.send_data(stream.id, bytes(chunk), end_stream=not view)
             self._flush()
