@@ -3,21 +3,25 @@
 controller-runtime stops controllers when the lease is lost, but between the loss and the stop a worker may
 still start a reconcile, and a process resumed after a pause (SIGSTOP, a VM freeze, a blocked loop) runs its
 queued work before the elector notices. A fence is checked locally, without a network call, before every work
-item and every write, so nothing of an expired term is acted on even in that window.
+item and every write, so nothing of an expired term is acted on even in that window. The fences of Lease holders
+(a leadership term, a shard unit's tenure) are ``syncer/fences.py``'s; here are the two constant ones.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from informers import ApiClient
 
 
 class Fence(Protocol):
-    """``valid()`` is True while the term that started a controller still holds. A fence may also offer
-    ``remaining()`` (seconds it still holds): the fenced client then bounds getting a connection by it."""
+    """``valid()`` is True while the term that started a controller still holds; ``remaining()`` is for how many
+    more seconds at most (0 once closed): the fenced client bounds getting a connection by it."""
 
     def valid(self) -> bool: ...
+
+    def remaining(self) -> float: ...
 
 
 class _Open:
@@ -26,10 +30,24 @@ class _Open:
     def valid(self) -> bool:
         return True
 
+    def remaining(self) -> float:
+        return math.inf
+
+
+class _Closed:
+    """The fence of work this process must not do (a cluster the shard gate gives to another replica)."""
+
+    def valid(self) -> bool:
+        return False
+
+    def remaining(self) -> float:
+        return 0.0
+
 
 OPEN: Fence = _Open()
+CLOSED: Fence = _Closed()
 
 
 def fenced(client: ApiClient, fence: Fence) -> ApiClient:
     """``client`` seen through ``fence`` (writes refused once it no longer holds); ``client`` itself when ``OPEN``."""
-    return client if fence is OPEN else client.fenced(fence.valid, remaining=getattr(fence, "remaining", None))
+    return client if fence is OPEN else client.fenced(fence.valid, remaining=fence.remaining)

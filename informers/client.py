@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import importlib.metadata
+import math
 import os
 import platform
 import ssl
@@ -180,8 +181,8 @@ class ApiClient:
                remaining: Callable[[], float] | None = None) -> "ApiClient":
         """A view of this client (same session) that refuses every write once ``valid()`` is False.
 
-        The check is local and runs right before the request is handed to the connection pool, after any
-        credential refresh; ``remaining()`` (seconds the fence still holds, if known) bounds getting a connection,
+        The check is local and runs before the request is handed to the connection pool, after any credential
+        refresh, and again right before the request is written on the connection it got; ``remaining()`` (seconds the fence still holds, if known) bounds getting a connection,
         so a write is not left waiting for a TCP or TLS handshake past the end of the term. Reads are not
         fenced. ``close()`` on the view does nothing: this client owns the connections.
         """
@@ -240,27 +241,28 @@ class ApiClient:
         plugin = self.exec_plugin
         used = plugin.current if plugin is not None else None
         if guard is not None:
-            guard()
-        async with self._counted(method, path, headers, kwargs) as resp:
+            guard()  # early: a closed fence does not wait for a connection (the transport checks again, last)
+        async with self._counted(method, path, headers, guard, kwargs) as resp:
             if resp.status != 401 or plugin is None:
                 yield resp
                 return
         fresh = {k: v for k, v in headers.items() if k != "Authorization"} | await self._exec_headers(plugin, used)
         if guard is not None:
             guard()
-        async with self._counted(method, path, fresh, kwargs) as resp:
+        async with self._counted(method, path, fresh, guard, kwargs) as resp:
             yield resp
 
     @asynccontextmanager
-    async def _counted(self, method: str, path: str, headers: dict[str, str],
+    async def _counted(self, method: str, path: str, headers: dict[str, str], guard: Callable[[], None] | None,
                        kwargs: dict[str, Any]) -> AsyncIterator[Response]:
-        """The transport's request, counted in ``request_counts`` once its headers came (or it got no answer)."""
+        """The transport's request, counted in ``request_counts`` once its headers came (or it got no answer);
+        the transport calls ``guard()`` at the last moment before the request is written."""
         counts = self.request_counts
         counts.server(self.host)  # a test or a proxy may point the client elsewhere after it was made
         track(counts)
         started = time.monotonic()
         try:
-            async with self._get_transport().request(method, path, headers, **kwargs) as resp:
+            async with self._get_transport().request(method, path, headers, guard=guard, **kwargs) as resp:
                 counts.observe(method, resp.status, started)
                 started = 0.0
                 yield resp
@@ -295,8 +297,9 @@ class ApiClient:
         headers: Mapping[str, str] | None = None, timeout: float | None = 60.0, guard: Callable[[], None] | None = None,
         connect_within: float | None = None,
     ) -> bytes:
-        """``request_bytes``, calling ``guard()`` (which may raise) right before the request is handed to the
-        connection: after any credential refresh, so no await separates the check from the send."""
+        """``request_bytes``, calling ``guard()`` (which may raise) before the request is handed to the transport,
+        after any credential refresh, and again in the transport once a connection (an HTTP/2 stream slot) is
+        got, right before the request is written: a fence that closes while the request waits sends nothing."""
         hdrs = await self._headers()
         if headers:
             hdrs.update(headers)
@@ -408,7 +411,8 @@ class _FencedClient(ApiClient):
                 raise FenceError(f"{method} {path} refused: {self._what} has ended")
 
         guard()  # fail fast, before any credential refresh
-        within = max(0.001, self._remaining()) if self._remaining is not None else None
+        left = self._remaining() if self._remaining is not None else math.inf
+        within = max(0.001, left) if left != math.inf else None
         return await self._inner._request_bytes(method, path, params, body, headers, timeout, guard, within)
 
     def stream(self, path: str, params: Mapping[str, str],

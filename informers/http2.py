@@ -24,7 +24,7 @@ import asyncio
 import collections
 import ssl
 from http import HTTPStatus
-from typing import Any, Mapping, cast
+from typing import Any, Callable, Mapping, cast
 
 import h2.config
 import h2.connection
@@ -125,33 +125,42 @@ class H2Connection(asyncio.Protocol):
             self._unused_timer = None
 
     # -- requests -----------------------------------------------------------------------------------------
-    async def request(self, method: str, path: str, headers: Mapping[str, str],
-                      body: bytes | None) -> "H2Response":
-        """Send a request on a slot taken by ``reserve()`` and return once its response headers came."""
+    async def request(self, method: str, path: str, headers: Mapping[str, str], body: bytes | None,
+                      guard: Callable[[], None] | None = None) -> "H2Response":
+        """Send a request on a slot taken by ``reserve()`` and return once its response headers came.
+
+        ``guard()`` (which may raise, a fence's check) is called last before the HEADERS frame is made: nothing
+        is awaited between it and the write, and after it would be too late (HPACK's state has moved on)."""
         self._reserved -= 1
         self._raise_if_failed()
         if self._going_away:
             raise ConnectionResetError("the server sent GOAWAY before the request was sent")
+        fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", self._authority),
+                  (b":path", path.encode())]
+        fields += [(k.lower().encode(), v.encode()) for k, v in headers.items() if k.lower() != "host"]
+        if body is not None:
+            fields.append((b"content-length", str(len(body)).encode()))
+        if guard is not None:
+            try:
+                guard()
+            except BaseException:
+                self._close_if_drained()  # its slot is free again
+                raise
         sid = self._h2.get_next_available_stream_id()
         stream = _Stream(self, sid)
         self._streams[sid] = stream
         try:
-            fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", self._authority),
-                      (b":path", path.encode())]
-            fields += [(k.lower().encode(), v.encode()) for k, v in headers.items() if k.lower() != "host"]
-            if body is not None:
-                fields.append((b"content-length", str(len(body)).encode()))
             self._h2.send_headers(sid, fields, end_stream=not body)
             self._flush()
             if body:
-                await self._send_body(stream, body)
+                await self._send_body(stream, body, guard)
             await self._writable.wait()
             return await stream.response()
         except BaseException:
             stream.cancel()
             raise
 
-    async def _send_body(self, stream: _Stream, body: bytes) -> None:
+    async def _send_body(self, stream: _Stream, body: bytes, guard: Callable[[], None] | None) -> None:
         view = memoryview(body)
         while view:
             self._raise_if_failed()
@@ -160,6 +169,10 @@ class H2Connection(asyncio.Protocol):
             if window <= 0:
                 await stream.wait_window()
                 continue
+            if guard is not None:
+                # A body larger than the window waits between frames: a request cut short there is reset (by the
+                # caller), and the server acts on no request whose body did not end.
+                guard()
             chunk, view = view[:window], view[window:]
             self._h2.send_data(stream.id, bytes(chunk), end_stream=not view)
             self._flush()

@@ -8,12 +8,15 @@ the apiserver does not serve cleartext HTTP/2.
 
 Both answer with a ``Response``; timeouts mean the same in both: ``total`` bounds the whole exchange, ``read_idle``
 the silence between two reads of the body, ``connect_within`` getting a connection (dial or free stream slot),
-``connect_timeout`` one TCP+TLS handshake.
+``connect_timeout`` one TCP+TLS handshake. ``guard`` (a fence's check, which raises) is called once the request has
+its connection, at the last synchronous moment before its first byte is written: a request that waited for a
+dial or a stream slot (or whose process was paused meanwhile) is refused there, not sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ssl
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping, Protocol
@@ -27,6 +30,12 @@ if TYPE_CHECKING:
 class TransportError(ConnectionError):
     """The HTTP/1.1 library's own failure (a broken or truncated response, say), as a ``ConnectionError``."""
 
+
+# Raises (a FenceError) if the request must not be sent any more.
+Guard = Callable[[], None]
+# The guard of the HTTP/1.1 request being made in this task, for ``_GuardedRequest.send`` (aiohttp makes the
+# request object itself: a context variable is how it gets there).
+_HTTP1_GUARD: contextvars.ContextVar[Guard | None] = contextvars.ContextVar("http1_guard", default=None)
 
 # Failures below HTTP: the server was not reached, or the connection broke, or it went silent.
 CONNECTION_ERRORS = (OSError, TimeoutError)
@@ -61,7 +70,8 @@ class Transport(Protocol):
 
     def request(self, method: str, path: str, headers: Mapping[str, str], params: Mapping[str, str] | None,
                 body: bytes | None, *, total: float | None, read_idle: float | None,
-                connect_within: float | None) -> AbstractAsyncContextManager[Response]: ...
+                connect_within: float | None, guard: Guard | None = None) -> AbstractAsyncContextManager[Response]:
+        ...
 
     @property
     def connections(self) -> int: ...
@@ -86,23 +96,27 @@ class Http1Transport:
         self._session = aiohttp.ClientSession(
             connector=self._connector, json_serialize=lambda o: orjson.dumps(o).decode(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
-            auto_decompress=True, headers={"User-Agent": user_agent},
+            auto_decompress=True, headers={"User-Agent": user_agent}, request_class=_guarded_request_class(),
         )
 
     @asynccontextmanager
     async def request(self, method: str, path: str, headers: Mapping[str, str], params: Mapping[str, str] | None,
                       body: bytes | None, *, total: float | None, read_idle: float | None,
-                      connect_within: float | None) -> AsyncIterator[Response]:
+                      connect_within: float | None, guard: Guard | None = None) -> AsyncIterator[Response]:
         """One request on a pooled (or new) connection."""
         import aiohttp
 
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=self._connect_timeout, sock_read=read_idle,
                                         connect=connect_within)
-        with _translated():
-            async with self._session.request(method, self._base + path, params=params, data=body,
-                                             headers=dict(headers), timeout=timeout,
-                                             server_hostname=self._server_hostname) as resp:
-                yield _Http1Response(resp)
+        token = _HTTP1_GUARD.set(guard)
+        try:
+            with _translated():
+                async with self._session.request(method, self._base + path, params=params, data=body,
+                                                 headers=dict(headers), timeout=timeout,
+                                                 server_hostname=self._server_hostname) as resp:
+                    yield _Http1Response(resp)
+        finally:
+            _HTTP1_GUARD.reset(token)
 
     @property
     def connections(self) -> int:
@@ -113,6 +127,23 @@ class Http1Transport:
     async def close(self) -> None:
         """Close the session and its connections."""
         await self._session.close()
+
+
+def _guarded_request_class() -> type["aiohttp.ClientRequest"]:
+    """aiohttp's request, calling the task's guard when ``send`` starts: aiohttp calls it once the connection is
+    got, and it writes the status line and headers before its first await, so that is the last moment aiohttp
+    lets a check run before the request is written. A refused request's connection is closed by aiohttp (it
+    cannot tell that nothing was written on it)."""
+    import aiohttp
+
+    class _GuardedRequest(aiohttp.ClientRequest):
+        async def send(self, conn: "aiohttp.connector.Connection") -> "aiohttp.ClientResponse":
+            guard = _HTTP1_GUARD.get()
+            if guard is not None:
+                guard()
+            return await super().send(conn)
+
+    return _GuardedRequest
 
 
 class _Http1Response:
@@ -194,7 +225,7 @@ class Http2Transport:
     @asynccontextmanager
     async def request(self, method: str, path: str, headers: Mapping[str, str], params: Mapping[str, str] | None,
                       body: bytes | None, *, total: float | None, read_idle: float | None,
-                      connect_within: float | None) -> AsyncIterator[Response]:
+                      connect_within: float | None, guard: Guard | None = None) -> AsyncIterator[Response]:
         """One request on a stream of a connection with a free slot (dialling one if none has)."""
         if self._http1 is None:
             async with asyncio.timeout(total):
@@ -202,7 +233,8 @@ class Http2Transport:
                     conn = await self._acquire()
                 if conn is not None:
                     target = self._prefix + path + ("?" + urlencode(params) if params else "")
-                    resp = await conn.request(method, target, {"user-agent": self._user_agent, **headers}, body)
+                    resp = await conn.request(method, target, {"user-agent": self._user_agent, **headers}, body,
+                                              guard)
                     resp.read_idle = read_idle
                     try:
                         yield resp
@@ -211,7 +243,7 @@ class Http2Transport:
                     return
         assert self._http1 is not None
         async with self._http1.request(method, path, headers, params, body, total=total, read_idle=read_idle,
-                                       connect_within=connect_within) as resp1:
+                                       connect_within=connect_within, guard=guard) as resp1:
             yield resp1
 
     async def _acquire(self) -> H2Connection | None:

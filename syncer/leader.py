@@ -13,8 +13,10 @@ finds its fence closed before any of its queued work runs. The standby cannot ta
 ``lease_duration`` has passed on its own clock, so ``lease_duration - renew_deadline`` is the margin in which
 the old term's controllers must stop.
 
-The Lease rules (what was observed when, transitions, the renewal deadline) are ``lease.py``'s, shared with the
-shard coordinator (``shards.py``), for which a leadership term is the one-unit case.
+The Lease rules (what was observed when, transitions) and its requests are ``lease.py``'s, the term's fence
+``fences.py``'s, shared with the shard coordinator (``shards.py``), for which a leadership term is the one-unit
+case. A term is a tenure: once it has ended (its deadline passed, or the Lease was seen held by another or
+deleted) it is over for good, even if a renewal sent before then succeeds after; the next take is a new term.
 
 ``leader_election_master_status{name}`` (client-go's gauge, ``name`` the Lease's) is 1 while the term's fence
 holds, read when the metrics are collected.
@@ -31,29 +33,12 @@ from loguru import logger
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from informers import ApiClient, ApiError
-from informers.client import CONNECTION_ERRORS
-from informers.errors import describe_error
+from informers import ApiClient
 from informers.metrics import MetricSet
 
-from .lease import LEASES_PATH, Observation, RenewFence, default_identity, holder_spec, lease_body, released_spec
+from .fences import TermFence
+from .lease import LeaseLock, LeaseRecord, LeaseResult, Observation, Outcome, default_identity
 from .settings import LeaderElection
-
-
-class _TermFence:
-    """The fence of one leadership term: valid while renewals keep succeeding within ``renew_deadline``."""
-
-    def __init__(self, elector: "LeaderElector", term: int) -> None:
-        self._elector, self._term = elector, term
-
-    def valid(self) -> bool:
-        return self._elector._term == self._term and self._elector.term_valid()
-
-    def remaining(self) -> float:
-        """Seconds this term still holds (0 once it has ended)."""
-        if not self.valid():
-            return 0.0
-        return self._elector.renewal.remaining()
 
 
 class _Collector(MetricSet):
@@ -78,11 +63,12 @@ class LeaderElector:
         self.client = client
         self.config = config
         self.identity = identity or default_identity()
-        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{config.lease_namespace}/leases/{config.lease_name}"
         self.is_leader = False
+        self._lock = LeaseLock(client, config.lease_namespace)
+        self.path = f"{self._lock.path}/{config.lease_name}"  # the Lease's API path
+        self._record: LeaseRecord | None = None  # the Lease as this candidate last wrote it
         self._observed = Observation()
-        self.renewal = RenewFence(config.renew_deadline)  # when the last successful acquire/renew was sent
-        self._term = 0
+        self.renewal = TermFence(0, config.renew_deadline)  # the current (or last) term's: none yet
         self._log = logger.bind(lease=f"{config.lease_namespace}/{config.lease_name}", identity=self.identity)
         _Collector.for_registry(REGISTRY).electors.add(self)
 
@@ -95,15 +81,17 @@ class LeaderElector:
         """Whether this replica leads now: it holds the lease and renewed it less than ``renew_deadline`` ago."""
         return self.is_leader and self.renewal.valid()
 
-    def fence(self) -> _TermFence:
+    def fence(self) -> TermFence:
         """The fence of the current term: it stays closed once this term ends, even if a later one begins."""
-        return _TermFence(self, self._term)
+        return self.renewal
 
     async def acquire(self) -> None:
         """Return once this candidate holds the lease (retrying every ``retry_period``); starts a new term."""
-        while not await self._try_acquire_or_renew():
+        while (sent := await self._try_acquire_or_renew()) is None:
             await asyncio.sleep(self.config.retry_period)
-        self._term += 1
+        term = TermFence(self.renewal.term + 1, self.config.renew_deadline)
+        term.renewed(sent)
+        self.renewal = term
         self._log.info("became leader ({})", self.identity)
 
     async def hold(self) -> None:
@@ -114,85 +102,73 @@ class LeaderElector:
             try:
                 async with asyncio.timeout(remaining):
                     await asyncio.sleep(self.config.retry_period)
-                    await self._try_acquire_or_renew()
+                    sent = await self._try_acquire_or_renew()
+                    if sent is not None:
+                        self.renewal.renewed(sent)
             except TimeoutError:
                 pass
-        self.is_leader = False
+        self._lost()
         self._log.warning("lost leadership: {}", f"holder now {self.observed_holder!r}"
                           if self.observed_holder != self.identity else
                           f"not renewed within renew_deadline ({self.config.renew_deadline:g}s)")
 
     async def release(self) -> None:
         """Give the lease up if we hold it, so that a standby can take it at once."""
-        if not self.is_leader:
+        record = self._record
+        if not self.is_leader or record is None:
             return
-        self.is_leader = False
-        try:
-            lease = await self.client.request("GET", self.path, timeout=5)
-            if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
-                return
-            lease["spec"] = released_spec(lease["spec"])
-            await self.client.request("PUT", self.path, body=lease, timeout=5)
+        self._lost()
+        released = await self._lock.release(record, self.identity, timeout=5)
+        if released.ok:
             self._log.info("released the lease")
-        except (ApiError, *CONNECTION_ERRORS) as e:
-            self._log.warning("could not release the lease: {}", e)
+        elif released.outcome is Outcome.FAILED:
+            self._log.warning("could not release the lease: {}", released.describe())
 
-    async def _try_acquire_or_renew(self) -> bool:
+    def _lost(self) -> None:
+        self.is_leader = False
+        self.renewal.close()
+
+    async def _try_acquire_or_renew(self) -> float | None:
+        """When the successful take or renewal was sent (monotonic), or None."""
         try:
             return await self._attempt()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug or an odd answer must not end the election: log, and try next round
-            self._log.opt(exception=e).error("lease {} attempt failed unexpectedly: {}", self.path, e)
-            return False
+            self._log.opt(exception=e).error("lease {} attempt failed unexpectedly: {}", self.config.lease_name, e)
+            return None
 
-    async def _attempt(self) -> bool:
+    async def _attempt(self) -> float | None:
+        # Counted from before the read: the server may have stamped renewTime any time after that.
         now = time.monotonic()
-        duration = self.config.lease_duration
-        try:
-            lease = await self.client.request("GET", self.path, timeout=self.config.renew_deadline)
-        except ApiError as e:
-            if e.status != 404:
-                self._log.warning("cannot read the lease: {}", e)
-                return False
+        duration, deadline = self.config.lease_duration, self.config.renew_deadline
+        read = await self._lock.get(self.config.lease_name, timeout=deadline)
+        if read.outcome is Outcome.NOT_FOUND:
             # Deleted under us: whoever recreates it leads at once, so our term ends here, win or lose.
-            self.is_leader = False
-            spec = holder_spec(None, self.identity, duration)
-            try:
-                ns = self.config.lease_namespace
-                await self.client.request("POST", LEASES_PATH.format(namespace=ns),
-                                          body=lease_body(ns, self.config.lease_name, spec))
-            except ApiError as e2:
-                if e2.status != 409:
-                    self._log.warning("cannot create the lease: {}", e2)
-                return False
-            self._observed.see(spec, now)
-            self._renewed(now)
-            return True
-        except CONNECTION_ERRORS as e:
-            self._log.warning("cannot reach the API server for the lease: {}", describe_error(e))
-            return False
-        current = lease.get("spec") or {}
-        self._observed.see(current, now)
-        if not self._observed.free(self.identity, now, self.config.lease_duration):
-            self.is_leader = False
-            return False
-        lease["spec"] = spec = holder_spec(current, self.identity, duration)
-        try:
-            await self.client.request("PUT", self.path, body=lease, timeout=self.config.renew_deadline)
-        except ApiError as e:
-            if e.status != 409:  # 409: someone else wrote first; we see it next round
-                self._log.warning("cannot update the lease: {}", e)
-            return False
-        except CONNECTION_ERRORS as e:
-            self._log.warning("cannot reach the API server for the lease: {}", describe_error(e))
-            return False
-        self._observed.see(spec, now)
-        self._renewed(now)
-        return True
+            self._lost()
+            wrote = await self._lock.create(LeaseRecord.created(
+                self.identity, duration, namespace=self.config.lease_namespace, name=self.config.lease_name),
+                timeout=deadline)
+            return self._wrote(wrote, now, "create")
+        if read.record is None:
+            self._warn("read", read)
+            return None
+        self._observed.see(read.record, now)
+        if not self._observed.free(self.identity, now, duration):
+            self._lost()
+            return None
+        return self._wrote(await self._lock.update(read.record.taken_by(self.identity, duration),
+                                                   timeout=deadline), now, "update")
 
-    def _renewed(self, sent_at: float) -> None:
-        # Counted from when the request was sent: the server may have stamped renewTime any time after that.
-        self.renewal.renewed(sent_at)
+    def _wrote(self, wrote: LeaseResult, sent: float, verb: str) -> float | None:
+        if wrote.record is None:
+            if wrote.outcome is not Outcome.CONFLICT:  # a conflict: someone else wrote first; we see it next round
+                self._warn(verb, wrote)
+            return None
+        self._record = wrote.record
+        self._observed.see(wrote.record, sent)
         self.is_leader = True
+        return sent
 
+    def _warn(self, verb: str, result: LeaseResult) -> None:
+        self._log.warning("cannot {} the lease: {}", verb, result.describe())

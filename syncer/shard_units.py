@@ -13,7 +13,7 @@ from controllers.cluster_controllers import ClusterControllers
 from controllers.coordinator import ClusterView, Members
 
 from .settings import UnitKind
-from .shards import UnitFence
+from .fences import UnitFence
 
 ManagerMaker = Callable[[str, Fence], ControllerManager]
 

@@ -375,6 +375,9 @@ async def test_the_fence_reaches_every_context(sources):
         def valid(self):
             return True
 
+        def remaining(self):
+            return 10.0
+
     term = Term()
     m = manager(src, [(p, [A])], fence=term)
     await m.start()
@@ -393,6 +396,9 @@ async def test_no_controller_starts_once_the_term_has_ended(sources):
     class Ended:
         def valid(self):
             return False
+
+        def remaining(self):
+            return 0.0
 
     m = manager(src, [(p, [A])], fence=Ended())
     await m.start()

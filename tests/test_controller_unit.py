@@ -50,6 +50,9 @@ class Term:
     def valid(self):
         return self.open
 
+    def remaining(self):
+        return 10.0 if self.open else 0.0
+
 
 def controller(reconcile, base=0.001, cap=0.008, **kw):
     return Controller("c", reconcile, rate_limiter=ItemExponentialFailureRateLimiter(base, cap),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -226,3 +227,111 @@ async def test_concurrent_large_responses_arrive_whole(api, control_plane, names
             lists = await asyncio.gather(*(client.request("GET", CONFIGMAPS.path(namespace)) for _ in range(60)))
             assert all(sorted(o["data"]["v"][:1] for o in lst["items"]) == ["0", "1", "2"] for lst in lists)
         assert client.connections == 1
+
+
+# -- the fence at the send (no apiserver: what reaches the wire is read back) ------------------------------------
+class _Wire(asyncio.Transport):
+    """A connection's socket: keeps what is written, closes as a socket would (later, by the loop)."""
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.protocol, self.written, self._closing = protocol, bytearray(), False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.extend(data)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+
+def _unreachable() -> Any:
+    """A configuration of a server that is not there (the kubernetes package's, as ``from_configuration`` takes)."""
+    import kubernetes
+
+    conf = kubernetes.client.Configuration()
+    conf.host = "https://127.0.0.1:1"  # nothing listens: only the patched dial gets anywhere
+    return conf
+
+
+async def test_a_fence_closing_while_a_write_waits_for_its_http2_connection_sends_nothing(monkeypatch) -> None:
+    """The fence holds when the write is handed to the pool and closes while the pool dials (a SIGSTOP there, or
+    a slow handshake): the write is refused on the connection, before its HEADERS, and no stream is opened."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    from informers import FenceError
+    from informers.http2 import H2Connection
+
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    server.initiate_connection()
+    dialing, dialled = asyncio.Event(), asyncio.Event()
+    wires: list[_Wire] = []
+
+    async def connect(cls: type[H2Connection], *args: object, **kwargs: object) -> H2Connection:
+        dialing.set()
+        await dialled.wait()
+        conn = cls("127.0.0.1:1", 30.0, 15.0, 90.0)
+        wires.append(_Wire(conn))
+        conn.connection_made(wires[-1])
+        conn.data_received(server.data_to_send())  # the server's SETTINGS: the stream limit is known
+        return conn
+
+    monkeypatch.setattr(H2Connection, "connect", classmethod(connect))
+    open_ = [True]
+    async with ApiClient(_unreachable(), http2=True) as client:
+        write = asyncio.create_task(client.fenced(lambda: open_[0]).request("POST", CONFIGMAPS.path("default"),
+                                                                           body={}))
+        await asyncio.wait_for(dialing.wait(), 5)
+        open_[0] = False
+        dialled.set()
+        with pytest.raises(FenceError, match="POST /api/v1/namespaces/default/configmaps refused"):
+            await asyncio.wait_for(write, 5)
+        conn = _conns(client)[0]
+        assert conn.active_streams == 0  # the slot it had reserved is free again
+        events = server.receive_data(bytes(wires[0].written))
+    assert not [e for e in events if isinstance(e, h2.events.RequestReceived)], events
+
+
+async def test_a_fence_closing_while_a_write_waits_for_its_http1_connection_sends_nothing(monkeypatch) -> None:
+    """The same over HTTP/1.1: the check runs once aiohttp has the connection, before it writes the request."""
+    import aiohttp
+
+    from informers import FenceError
+
+    received: list[str] = []
+
+    async def anything(request: web.Request) -> web.Response:
+        received.append(f"{request.method} {request.path}")
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    open_ = [True]
+    connect = aiohttp.TCPConnector.connect
+
+    async def closing_while_connecting(self: aiohttp.TCPConnector, *args: object, **kwargs: object) -> object:
+        open_[0] = False  # the term ends while the pool gets a connection
+        return await connect(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        conf = _unreachable()
+        conf.host = f"http://127.0.0.1:{port}"
+        async with ApiClient(conf, http2=False) as client:
+            await client.request("GET", "/version")  # the connection exists: the write would reuse it
+            monkeypatch.setattr(aiohttp.TCPConnector, "connect", closing_while_connecting)
+            with pytest.raises(FenceError):
+                await client.fenced(lambda: open_[0]).request("PUT", CONFIGMAPS.path("default", "x"), body={})
+        assert received == ["GET /version"]
+    finally:
+        await runner.cleanup()

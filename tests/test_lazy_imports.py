@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # tenacity (the sidecar's connect retries) and the sidecar's optional parts.
 LAZY = ["kubernetes", "cryptography", "dynaconf", "tenacity", "aiohttp.web", "syncer.webhook.service",
         "syncer.webhook.server", "syncer.webhook.certificates", "syncer.shards", "syncer.shard_units",
-        "syncer.workloads.sharded", "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin"]
+        "syncer.shard_group", "syncer.shard_state", "syncer.fences", "syncer.workloads.sharded",
+        "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin"]
 
 
 def _imported(code: str, tmp_path: Path) -> list[str]:

@@ -5,6 +5,7 @@ units after its Leases expire, one tenure at a time per unit)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from informers import ApiClient
-from syncer.lease import Observation, holder_spec
+from syncer.lease import LeaseRecord, Observation
 from syncer.rendezvous import assign
 from syncer.settings import Sharding, SettingsError, UnitKind, load_settings
 from syncer.shards import ShardCoordinator, UnitFence, UnitState
@@ -58,33 +59,32 @@ def test_assignment_is_the_same_whatever_the_order() -> None:
 def test_expiry_is_judged_on_the_observers_clock_not_the_holders_renew_time() -> None:
     seen = Observation()
     # A renewTime far in the past (the holder's clock is behind): it does not matter, only when we saw it change.
-    assert seen.see({"holderIdentity": "a", "renewTime": "2001-01-01T00:00:00.000000Z", "leaseDurationSeconds": 10},
-                    now=100.0)
+    assert seen.see(LeaseRecord("a", 10, renew_time="2001-01-01T00:00:00.000000Z"), now=100.0)
     assert not seen.expired(now=109.0) and seen.expired(now=110.0)
-    assert not seen.see({"holderIdentity": "a", "renewTime": "2001-01-01T00:00:00.000000Z",
-                         "leaseDurationSeconds": 10}, now=105.0)  # unchanged: the clock keeps running
+    assert not seen.see(LeaseRecord("a", 10, renew_time="2001-01-01T00:00:00.000000Z"),
+                        now=105.0)  # unchanged: the clock keeps running
     assert seen.expired(now=110.0)
-    assert seen.see({"holderIdentity": "a", "renewTime": "2001-01-01T00:00:01.000000Z", "leaseDurationSeconds": 10},
-                    now=111.0)
+    assert seen.see(LeaseRecord("a", 10, renew_time="2001-01-01T00:00:01.000000Z"), now=111.0)
     assert not seen.free("b", now=120.0) and seen.free("a", now=120.0) and seen.free("b", now=121.0)
 
 
 def test_a_holder_seen_renewing_again_after_a_quiet_starts_a_new_run() -> None:
     seen = Observation()
-    spec = {"holderIdentity": "a", "renewTime": "t1", "leaseDurationSeconds": 10}
-    assert seen.see(spec, now=100.0, restart_after=4.0) and seen.since == 100.0
-    assert seen.see({**spec, "renewTime": "t2"}, now=103.0, restart_after=4.0) and seen.since == 100.0
-    assert seen.see({**spec, "renewTime": "t3"}, now=107.5, restart_after=4.0) and seen.since == 107.5  # a pause
-    assert seen.see({**spec, "renewTime": "t4"}, now=120.0) and seen.since == 107.5  # no restart_after: never
+    record = LeaseRecord("a", 10, renew_time="t1")
+    assert seen.see(record, now=100.0, restart_after=4.0) and seen.since == 100.0
+    assert seen.see(dataclasses.replace(record, renew_time="t2"), now=103.0, restart_after=4.0) and seen.since == 100.0
+    assert seen.see(dataclasses.replace(record, renew_time="t3"), now=107.5,
+                    restart_after=4.0) and seen.since == 107.5  # a pause
+    assert seen.see(dataclasses.replace(record, renew_time="t4"), now=120.0) and seen.since == 107.5  # no restart_after
 
 
 def test_a_new_holder_counts_one_transition_and_a_renewal_none() -> None:
-    first = holder_spec(None, "a", 15)
-    assert first["leaseTransitions"] == 0 and first["holderIdentity"] == "a"
-    assert holder_spec(first, "a", 15)["leaseTransitions"] == 0
-    assert holder_spec(first, "a", 15)["acquireTime"] == first["acquireTime"]
-    assert holder_spec(first, "b", 15)["leaseTransitions"] == 1
-    assert holder_spec({**first, "holderIdentity": ""}, "a", 15)["leaseTransitions"] == 1
+    first = LeaseRecord.created("a", 15)
+    assert first.transitions == 0 and first.holder == "a"
+    assert first.taken_by("a", 15).transitions == 0
+    assert first.taken_by("a", 15).acquire_time == first.acquire_time
+    assert first.taken_by("b", 15).transitions == 1
+    assert dataclasses.replace(first, holder="").taken_by("a", 15).transitions == 1
 
 
 # -- settings ----------------------------------------------------------------------------------------------------
@@ -250,7 +250,7 @@ async def test_a_replica_whose_credentials_may_not_coordinate_is_unhealthy_at_on
         try:
             def health() -> tuple[bool, str]:
                 [h] = c.health()
-                return h["healthy"], h["message"]
+                return h.healthy, h.message
 
             await eventually(lambda: not health()[0], 10, "unhealthy without list/watch")
             assert health()[1].startswith(f"cannot list or watch Leases in namespace {namespace!r}: 403 Forbidden")
@@ -284,8 +284,7 @@ async def test_a_unit_whose_lease_is_taken_stops_at_once(control_plane: Any, nam
         lease = c._units["u0"].lease
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
         obj = await client.request("GET", path)
-        obj["spec"] = holder_spec(obj["spec"], "intruder", 30)
-        await client.request("PUT", path, body=obj)
+        await client.request("PUT", path, body=LeaseRecord.of(obj).taken_by("intruder", 30).to_object())
         await eventually(lambda: not fence.valid() and recorder.running == {}, timeout=10,
                          what="the taken unit stopped well before renew_deadline")
         assert c.status()["units"][0]["state"] in (UnitState.WAITING, UnitState.ELSEWHERE)
@@ -369,15 +368,14 @@ async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane:
 
 async def test_a_replica_joins_over_a_member_lease_it_already_has(control_plane: Any, namespace: str) -> None:
     """The member Lease exists already (a create whose answer was lost): the replica takes it over and joins."""
-    from syncer.shards import GROUP_LABEL, ROLE_LABEL, _digest
-    from syncer.lease import lease_body
+    from syncer.shard_group import GROUP_LABEL, ROLE_LABEL, member_lease
 
     recorder = Recorder(2)
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
-        await client.request("POST", path, body=lease_body(namespace, f"t-member-{_digest('again')}",
-                                                          holder_spec(None, "someone-else", 3),
-                                                          {GROUP_LABEL: "t", ROLE_LABEL: "member"}))
+        await client.request("POST", path, body=LeaseRecord.created(
+            "someone-else", 3, namespace=namespace, name=member_lease("t", "again"),
+            labels={GROUP_LABEL: "t", ROLE_LABEL: "member"}).to_object())
         c = ShardCoordinator(client, config(namespace), "again", recorder.kind_for("again"))
         await c.start()
         await eventually(lambda: recorder.running == {"u0": "again", "u1": "again"}, timeout=20)

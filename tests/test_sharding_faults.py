@@ -57,7 +57,7 @@ class Group:
         for task in list(c._tasks):
             task.cancel()
         await asyncio.gather(*c._tasks, return_exceptions=True)
-        await c._informer.stop()
+        await c._group.informer.stop()
 
     def problems(self) -> list[str]:
         """Why the group has not converged (empty once it has): ``unconverged``, and no unit still running on a

@@ -60,8 +60,7 @@ class _Sharded:
         return self.shards.status() if self.shards is not None else None
 
     def _coordinator_health(self) -> list[HealthItem]:
-        return [HealthItem(h["name"], h["healthy"], h["message"]) for h in self.shards.health()] \
-            if self.shards is not None else []
+        return self.shards.health() if self.shards is not None else []
 
 
 class ShardedControllers(_Sharded):
