@@ -1,0 +1,155 @@
+"""Discovery pieces that need no API server: subscriptions, the resource filter, access-review verdicts, states."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+
+from informers import (
+    GVR, ApiError, DiscoveryForbidden, GVRState, GVRStatus, Notifier, ResourceFilter, ResourceInfo,
+)
+from informers.access_review import AccessReviewer
+from informers.transport import TransportError
+
+from tests.helpers import eventually
+
+WIDGETS = GVR("example.com", "v1", "widgets")
+GADGETS = GVR("example.com", "v1", "gadgets")
+
+
+async def test_a_pending_tick_is_delivered_before_the_subscription_ends() -> None:
+    notifier = Notifier()
+    sub = notifier.subscribe("a")  # starts with one tick
+    notifier.notify_all()  # coalesces with it
+    notifier.unsubscribe("a")
+    ticks = [t async for t in sub]
+    assert len(ticks) == 1 and sub.closed
+    assert [t async for t in sub] == []  # ended for good
+
+
+async def test_a_subscriber_waiting_sees_the_tick_then_the_end() -> None:
+    notifier = Notifier()
+    sub = notifier.subscribe("a")
+    seen: list[None] = []
+
+    async def consume() -> None:
+        async for tick in sub:
+            seen.append(tick)
+
+    task = asyncio.create_task(consume())
+    await eventually(lambda: len(seen) == 1, 1, "the initial tick taken")
+    notifier.notify_all()
+    notifier.unsubscribe("a")
+    await asyncio.wait_for(task, 1)
+    assert len(seen) == 2
+
+
+def info(*verbs: str) -> ResourceInfo:
+    return ResourceInfo(WIDGETS, "Widget", True, frozenset(verbs), True)
+
+
+def test_why_excluded_names_exactly_the_missing_verbs() -> None:
+    f = ResourceFilter()
+    assert f.why_excluded(info("get", "list")) == "lacks watch"
+    assert f.why_excluded(info("get", "watch")) == "lacks list"
+    assert f.why_excluded(info("get")) == "lacks list and watch"
+    assert f.why_excluded(info("get", "list", "watch")) is None
+
+
+def test_per_gvr_rules_and_preferred_version() -> None:
+    f = ResourceFilter(include=["example.com/*"], exclude=["example.com/v1/gadgets"])
+    assert f.why_excluded(info("list", "watch")) is None
+    assert f.why_excluded(ResourceInfo(GADGETS, "Gadget", True, frozenset({"list", "watch"}), True)) == \
+        "excluded by rule example.com/v1/gadgets"
+    older = ResourceInfo(GVR("example.com", "v1alpha1", "widgets"), "Widget", True, frozenset({"list", "watch"}),
+                         False)
+    assert ResourceFilter(preferred_version_only=True).why_excluded(older) == "not the group's preferred version"
+
+
+def test_gvr_states_are_an_enum_and_serialise_as_before() -> None:
+    st = GVRStatus(WIDGETS, GVRState.SYNCED, kind="Widget")
+    doc = st.as_dict()
+    assert doc["state"] == "synced" and type(doc["state"]) is str
+    assert json.loads(json.dumps(doc))["state"] == "synced"
+    assert {s.value for s in GVRState} == {"discovered", "excluded", "forbidden", "starting", "synced", "stale", "idle",
+                                           "error"}
+    assert st.state == "synced"  # still compares equal to the string
+
+
+def test_discovery_forbidden_is_one_line_for_the_cli() -> None:
+    e = DiscoveryForbidden(ApiError(403, "Forbidden", 'forbidden: User "x" cannot get path "/apis"'))
+    assert isinstance(e, ApiError) and e.status == 403
+    assert str(e) == ('the API server refused discovery for this user (403 Forbidden): '
+                      'forbidden: User "x" cannot get path "/apis"')
+    assert str(DiscoveryForbidden(ApiError(401, "", ""))).startswith(
+        "the API server refused discovery for this user (401 Unauthorized)")
+
+
+class ReviewStub:
+    """Answers SelfSubjectAccessReviews from ``allowed``; ``error`` (if set) is raised instead; ``hang`` hangs."""
+
+    def __init__(self, allowed: set[GVR]) -> None:
+        self.allowed = allowed
+        self.error: Exception | None = None
+        self.hang = False
+        self.calls = 0
+
+    async def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        self.calls += 1
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.error is not None:
+            raise self.error
+        a = body["spec"]["resourceAttributes"]
+        return {"status": {"allowed": GVR(a["group"], a["version"], a["resource"]) in self.allowed}}
+
+
+async def test_a_failed_access_review_keeps_the_previous_verdict() -> None:
+    stub = ReviewStub(allowed={WIDGETS})
+    reviewer = AccessReviewer(stub)  # type: ignore[arg-type]
+    assert await reviewer.check([WIDGETS, GADGETS], recheck_forbidden=False) is None
+    assert reviewer.denied(WIDGETS) is None and "may not list or watch" in (reviewer.denied(GADGETS) or "")
+    stub.error = TransportError("ServerDisconnectedError: Server disconnected")
+    new = GVR("example.com", "v1", "gizmos")
+    failed = await reviewer.check([WIDGETS, GADGETS, new], recheck_forbidden=True)
+    assert failed is not None and isinstance(failed.cause, TransportError)
+    assert set(failed.failed) == {GADGETS, new} and failed.undecided == [new]
+    assert reviewer.decided(GADGETS) and reviewer.denied(GADGETS) and not reviewer.decided(new)
+    stub.error = None
+    assert await reviewer.check([WIDGETS, GADGETS, new], recheck_forbidden=False) is None
+    assert reviewer.decided(new)
+
+
+async def test_access_reviews_of_a_pass_are_bounded_together() -> None:
+    stub = ReviewStub(allowed=set())
+    stub.hang = True
+    reviewer = AccessReviewer(stub, timeout=0.1)  # type: ignore[arg-type]
+    failed = await asyncio.wait_for(reviewer.check([WIDGETS, GADGETS], recheck_forbidden=False), 5)
+    assert failed is not None and isinstance(failed.cause, TimeoutError)
+    assert sorted(failed.undecided) == sorted([WIDGETS, GADGETS])
+
+
+def test_trigger_view_keeps_what_the_triggers_read_and_drops_schemas() -> None:
+    from informers.discovery_triggers import _aggregated, _available, _established, _served, trigger_view
+
+    schema = {"openAPIV3Schema": {"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(200)}}}
+    crd = {"metadata": {"name": "widgets.example.com", "uid": "u1", "resourceVersion": "7", "generation": 3,
+                        "annotations": {"big": "x" * 5000}},
+           "spec": {"group": "example.com", "names": {"plural": "widgets", "kind": "Widget"}, "scope": "Namespaced",
+                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": schema},
+                                 {"name": "v2", "served": False, "storage": False, "schema": schema}]},
+           "status": {"conditions": [{"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                                      "message": "the initial names have been accepted"}]}}
+    view = trigger_view(json.loads(json.dumps(crd)))
+    assert _established(view) and _served(view) == {"v1"} == _served(crd)
+    assert view["spec"]["group"] == "example.com" and view["spec"]["names"]["plural"] == "widgets"
+    assert view["metadata"] == {"name": "widgets.example.com", "uid": "u1", "resourceVersion": "7"}
+    assert len(json.dumps(view)) < len(json.dumps(crd)) // 20
+    svc = {"kind": "APIService", "metadata": {"name": "v1beta1.metrics.k8s.io", "resourceVersion": "9"},
+           "spec": {"group": "metrics.k8s.io", "version": "v1beta1",
+                    "service": {"name": "m", "namespace": "kube-system"}},
+           "status": {"conditions": [{"type": "Available", "status": "False", "reason": "MissingEndpoints"}]}}
+    view = trigger_view(json.loads(json.dumps(svc)))
+    assert view["spec"] == svc["spec"] and _aggregated(view) and not _available(view) and view["kind"] == "APIService"

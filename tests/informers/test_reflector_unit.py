@@ -1,0 +1,504 @@
+"""Reflector and informer decisions that the real server cannot be made to produce on demand (429, short or
+incomplete watches, a server that ignores watch-list, failing listeners), and the metric series' lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+
+import pytest
+from loguru import logger
+from prometheus_client import CollectorRegistry
+
+from informers import (
+    GVR, ApiError, Backoff, FuncHandler, InformerMetrics, Reflector, ReflectorOptions, SharedIndexInformer,
+)
+from informers.reflector import INITIAL_EVENTS_END
+
+from tests.helpers import eventually
+
+CONFIGMAPS = GVR("", "v1", "configmaps")
+
+
+class Sink:
+    def __init__(self):
+        self.replaced = []
+        self.events = []
+
+    def replace(self, objs, rv):
+        self.replaced.append((len(objs), rv))
+
+    def apply(self, typ, obj):
+        self.events.append(typ)
+
+
+class FakeClient:
+    """Answers lists and watches from scripted responses and records the parameters it was called with.
+
+    A watch script is a list of events (the stream then ends normally), an exception (raised at once), or a
+    list whose last item is an exception (raised after the events before it) or an asyncio.Event (the stream
+    stays open); with no script left, the watch never answers. ``recover()`` plays "the server
+    answered again" (``ApiClient.answered_again``); the server answers the reflectors' probes once ``up``.
+    """
+
+    def __init__(self, lists=(), watches=()):
+        self.lists, self.watches = list(lists), list(watches)
+        self.list_params, self.watch_params = [], []
+        self.recoveries = 0
+        self._answered = asyncio.Event()
+        self.up = False
+        self.probes = []
+
+    async def request_bytes(self, method, path, params=None, body=None, headers=None, timeout=60.0):
+        self.probes.append(time.monotonic())
+        if not self.up:
+            raise refused()
+        self.recover()
+        return b"ok"
+
+    def recover(self):
+        self.recoveries += 1
+        self._answered.set()
+        self._answered = asyncio.Event()
+
+    async def answered_again(self, since):
+        while self.recoveries <= since:
+            await self._answered.wait()
+
+    async def request(self, method, path, params=None, body=None):
+        self.list_params.append(dict(params))
+        item = self.lists.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    @asynccontextmanager
+    async def stream(self, path, params, inactivity_timeout=None):
+        self.watch_params.append(dict(params))
+        item = self.watches.pop(0) if self.watches else asyncio.Event()
+        if isinstance(item, asyncio.Event):
+            await item.wait()  # park forever: the test is over
+        if isinstance(item, Exception):
+            raise item
+
+        async def gen():
+            for ev in item:
+                if isinstance(ev, Exception):
+                    raise ev
+                if isinstance(ev, asyncio.Event):
+                    await ev.wait()
+                yield ev
+        yield gen()
+
+
+def page(rv, n=1):
+    return {"kind": "ConfigMapList", "apiVersion": "v1", "metadata": {"resourceVersion": rv},
+            "items": [{"metadata": {"name": f"o{i}", "resourceVersion": rv}} for i in range(n)]}
+
+
+def added(name, rv):
+    return {"type": "ADDED", "object": {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}}}
+
+
+def bookmark(rv, end=False):
+    meta = {"resourceVersion": rv, "annotations": {INITIAL_EVENTS_END: "true"} if end else {}}
+    return {"type": "BOOKMARK", "object": {"metadata": meta}}
+
+
+def refused():
+    return ConnectionRefusedError("connection refused")
+
+
+def reflector(client, sink, delays, watch_list=False, backoff=None, **kw):
+    """A reflector whose failures are recorded in ``delays``; with no ``backoff``, they are all retried at once."""
+    cap = backoff is None
+    backoff = backoff or Backoff(jitter=0.0, initial=0.001, cap=0.001)
+    r = Reflector(client, CONFIGMAPS, sink,
+                  options=ReflectorOptions(watch_list=watch_list, short_watch=0.5, backoff=lambda: backoff),
+                  metrics=InformerMetrics.for_registry(CollectorRegistry()), **kw)
+    original = r._handle_error
+
+    def record(e):
+        d = original(e)
+        delays.append(("ApiError" if isinstance(e, ApiError) else type(e).__name__, getattr(e, "status", None), d))
+        return min(d, 0.001) if cap else d
+    r._handle_error = record
+    return r
+
+
+@asynccontextmanager
+async def running(r):
+    task = asyncio.create_task(r.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def run_until(r, cond, what=""):
+    async with running(r) as task:
+        await eventually(lambda: cond() or task.done(), 10, what)
+        assert not task.done(), f"Reflector.run ended: {task.exception() if not task.cancelled() else 'cancelled'}"
+
+
+async def settle():
+    """Let every ready callback run (a prompt retry takes a few loop iterations, never any time)."""
+    for _ in range(100):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def logs():
+    messages = []
+    handler = logger.add(messages.append, level="INFO", format="{level} {message}")
+    yield messages
+    logger.remove(handler)
+
+
+# -- client-go's rules -------------------------------------------------------------------------------------
+async def test_429_rewatches_after_retry_after_without_relisting():
+    ev = {"type": "ADDED", "object": {"metadata": {"name": "x", "resourceVersion": "11"}}}
+    client = FakeClient([page("10")], [ApiError(429, "TooManyRequests", retry_after=7), [ev]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays)
+    await run_until(r, lambda: sink.events == ["ADDED"])
+    assert delays[0][:2] == ("ApiError", 429) and delays[0][2] == 7
+    assert len(client.list_params) == 1
+    assert [p["resourceVersion"] for p in client.watch_params[:2]] == ["10", "10"]
+
+
+async def test_very_short_watch_relists_and_expired_list_rv_retries_consistent():
+    client = FakeClient(
+        [page("10"), ApiError(410, "Expired"), page("20", 2)],
+        [[]],  # closes at once, nothing delivered
+    )
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays)
+    await run_until(r, lambda: len(sink.replaced) == 2)
+    assert delays[0][0] == "ShortWatchError"
+    # first list RV=0 (cache), relist at the last RV, then "" once that RV expired
+    assert [p["resourceVersion"] for p in client.list_params] == ["0", "10", ""]
+    assert [p.get("limit") for p in client.list_params] == ["500", None, "500"]
+    assert sink.replaced == [(1, "10"), (2, "20")]
+
+
+async def test_watch_410_relists_at_the_last_synced_rv():
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
+    client = FakeClient([page("10"), page("30")], [[gone]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays)
+    await run_until(r, lambda: len(sink.replaced) == 2)
+    assert delays[0][:2] == ("ApiError", 410)
+    # not a consistent read from etcd per informer after every compaction: "not older than" the last RV
+    assert [p["resourceVersion"] for p in client.list_params] == ["0", "10"]
+
+
+async def test_watch_410_then_expired_list_rv_falls_back_to_consistent_read():
+    client = FakeClient([page("10"), ApiError(410, "Expired"), page("30")], [ApiError(410, "Expired")])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays)
+    await run_until(r, lambda: len(sink.replaced) == 2)
+    assert [p["resourceVersion"] for p in client.list_params] == ["0", "10", ""]
+    assert [d[:2] for d in delays] == [("ApiError", 410)]  # the fallback is immediate, as in client-go
+
+
+def paged(rv, names, token=None):
+    body = page(rv, 0)
+    body["items"] = [{"metadata": {"name": n, "resourceVersion": rv}} for n in names]
+    if token:
+        body["metadata"]["continue"] = token
+    return body
+
+
+GONE = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
+
+
+def list_semantics(params):
+    """How the apiserver reads a LIST (its delegator's ShouldDelegateList): 'exact' is served from etcd at that
+    revision, however old; 'not older than' from the watch cache."""
+    rv, match = params.get("resourceVersion"), params.get("resourceVersionMatch", "")
+    if "continue" in params:
+        return "continue"
+    if match:
+        return {"Exact": "exact", "NotOlderThan": "not older than"}[match]
+    if params.get("limit") and rv not in (None, "", "0"):
+        return "exact"
+    return "consistent" if rv == "" else "any" if rv == "0" else "not older than"
+
+
+async def test_a_relist_is_never_an_exact_read_of_the_last_synced_rv():
+    # Watch cache on: the first list at "0" is one page (the cacher ignores limit there), so relists are unpaged.
+    # A relist that answers 410 falls back to a consistent list, which etcd pages: that does not say the watch
+    # cache is off, so the next relist is still unpaged.
+    client = FakeClient([page("10"), page("20"), ApiError(410, "Expired"), paged("30", ["a"], "tok"),
+                         paged("30", ["b"]), page("40")], [[GONE], [GONE], [GONE]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays)
+    await run_until(r, lambda: len(sink.replaced) == 4)
+    assert [(p["resourceVersion"] if "continue" not in p else "+", list_semantics(p))
+            for p in client.list_params] == [
+        ("0", "any"), ("10", "not older than"), ("20", "not older than"), ("", "consistent"), ("+", "continue"),
+        ("30", "not older than")]
+    assert [p.get("limit") for p in client.list_params] == ["500", None, None, "500", "500", None]
+
+
+async def test_after_a_paginated_first_list_relists_are_paged_and_not_older_than():
+    # Watch cache off (or not yet initialised): the first list at "0" came in pages, so relists page too, as in
+    # client-go, but say NotOlderThan where client-go's legacy exact read could go back in time.
+    client = FakeClient([paged("10", ["a"], "tok"), paged("10", ["b"]), paged("20", ["a"], "t2"), paged("20", [])],
+                        [[GONE]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays)
+    await run_until(r, lambda: len(sink.replaced) == 2)
+    first, cont, relist, cont2 = client.list_params
+    assert list_semantics(first) == "any" and cont == {"limit": "500", "continue": "tok"}
+    assert relist == {"resourceVersion": "10", "resourceVersionMatch": "NotOlderThan", "limit": "500"}
+    assert list_semantics(relist) == "not older than" and "resourceVersion" not in cont2
+    assert sink.replaced == [(2, "10"), (1, "20")]
+
+
+# -- watch-list ----------------------------------------------------------------------------------------------
+async def test_watch_list_cut_or_timed_out_mid_initial_events_retries_watch_list():
+    client = FakeClient([], [
+        [added("a", "5"), refused()],  # connection cut during the initial events
+        [added("a", "5"), added("b", "6")],  # ends (server timeoutSeconds) before the initial-events-end bookmark
+        [added("a", "5"), added("b", "6"), bookmark("7", end=True)],
+    ])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays, watch_list=None)
+    await run_until(r, lambda: sink.replaced == [(2, "7")], "a sync by watch-list")
+    assert [d[0] for d in delays] == ["ConnectionRefusedError", "ShortWatchError"]
+    assert r.use_watch_list is None and client.list_params == []
+    assert [p["sendInitialEvents"] for p in client.watch_params[:3]] == ["true"] * 3
+    assert sink.events == []  # nothing of an incomplete initial set leaked into the sink
+
+
+async def test_server_ignoring_send_initial_events_falls_back_to_list():
+    # A server without watch-list answers with a plain watch: its first bookmark lacks the end annotation.
+    client = FakeClient([page("10", 3)], [[added("a", "5"), bookmark("8")]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays, watch_list=None)
+    await run_until(r, lambda: sink.replaced == [(3, "10")], "a sync by list")
+    assert r.use_watch_list is False and delays == []
+    assert client.watch_params[1]["resourceVersion"] == "10" and "sendInitialEvents" not in client.watch_params[1]
+
+
+async def test_watch_list_at_an_expired_rv_streams_the_latest_at_once():
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
+    client = FakeClient([], [
+        [added("a", "5"), bookmark("7", end=True), gone],  # synced, then the watch expires
+        ApiError(410, "Expired"),  # the relist at "7" has expired too
+        [added("a", "9"), bookmark("9", end=True)],
+    ])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays, watch_list=None)
+    await run_until(r, lambda: len(sink.replaced) == 2)
+    assert [p["resourceVersion"] for p in client.watch_params[:3]] == ["", "7", ""]
+    assert [d[:2] for d in delays] == [("ApiError", 410)]
+    assert r.use_watch_list is None
+
+
+# -- nothing but cancellation ends run() ---------------------------------------------------------------------
+async def test_a_failure_is_logged_as_the_request_that_failed(logs):
+    # A 403 on the watch after a successful list is the watch's, and a watch-list's is the watch-list's.
+    client = FakeClient([page("10"), page("11")], [ApiError(403, "Forbidden", "cannot watch")])
+    await run_until(reflector(client, Sink(), []), lambda: len(client.watch_params) == 2)
+    client = FakeClient([], [ApiError(403, "Forbidden", "cannot watch")])
+    await run_until(reflector(client, Sink(), [], watch_list=True), lambda: len(client.watch_params) == 2)
+    failed = [m.split(" (")[0] for m in logs if "failed (" in m]
+    assert failed[0] == "WARNING watch of configmaps.v1 failed" and "WARNING list of configmaps.v1 failed" not in failed
+    assert "WARNING watch-list of configmaps.v1 failed" in failed
+
+
+async def test_failing_error_listener_is_logged_and_the_informer_carries_on(logs):
+    client = FakeClient([ApiError(403, "Forbidden"), ApiError(500, "InternalError"), page("10", 2)], [])
+    inf = SharedIndexInformer(client, CONFIGMAPS, metrics=InformerMetrics.for_registry(CollectorRegistry()),
+                              options=ReflectorOptions(watch_list=False, backoff=lambda: Backoff(initial=0.01)))
+    seen = []
+
+    def broken_listener(e):
+        raise RuntimeError("listener bug")
+
+    inf.add_error_listener(broken_listener)
+    inf.add_error_listener(seen.append)
+    inf.start()
+    try:
+        assert await inf.wait_for_sync(10)
+        assert [e.status for e in seen] == [403, 500]  # the later listener still hears every failure
+        failures = [m for m in logs if "error listener" in m]
+        assert len(failures) == 2 and "broken_listener" in failures[0] and "listener bug" in failures[0]
+    finally:
+        await inf.stop()
+
+
+async def test_reflector_survives_its_own_error_handling_and_the_sink_failing(logs):
+    class FlakySink(Sink):
+        def replace(self, objs, rv):
+            if not self.replaced:
+                self.replaced.append("boom")
+                raise KeyError("sink bug")
+            super().replace(objs, rv)
+
+    def on_error(e):
+        raise RuntimeError("callback bug")
+
+    client = FakeClient([page("10"), page("11")], [])
+    sink = FlakySink()
+    r = reflector(client, sink, [], on_error=on_error)
+    await run_until(r, lambda: sink.replaced[-1:] == [(1, "11")], "a second list")
+    assert any("unexpected error syncing" in m and "sink bug" in m for m in logs)
+    assert any("handling a failure of" in m and "callback bug" in m for m in logs)
+
+
+# -- recovery after an outage --------------------------------------------------------------------------------
+class SlowBackoff(Backoff):
+    """A backoff long enough that a test only sees a retry when something cuts it short."""
+
+    def __init__(self):
+        super().__init__(initial=30.0, cap=30.0, jitter=0.0)
+        self.resets = 0
+
+    def reset(self):
+        self.resets += 1
+        super().reset()
+
+
+async def test_connection_error_backoff_ends_when_the_server_answers_again():
+    client = FakeClient([page("10")], [refused(), [added("x", "11")]])
+    sink, delays, backoff = Sink(), [], SlowBackoff()
+    r = reflector(client, sink, delays, backoff=backoff)
+    async with running(r):
+        await eventually(lambda: len(delays) == 1, 10, "the connection error")
+        await settle()
+        assert len(client.watch_params) == 1  # sleeping out its 30 s
+        client.recover()  # e.g. another informer's request got an answer
+        await eventually(lambda: sink.events == ["ADDED"], 10, "the prompt re-watch")
+        assert backoff.resets == 1
+
+
+async def test_one_probe_per_client_finds_the_server_back_for_every_reflector():
+    # Every informer sleeping a long backoff: nobody would ask the server, so one of them probes it.
+    client = FakeClient([page("10")] * 3, [refused()] * 3 + [[added("x", "11"), asyncio.Event()]] * 3)
+    sinks = [Sink() for _ in range(3)]
+    delays = []
+    reflectors = [reflector(client, sink, delays, backoff=SlowBackoff()) for sink in sinks]
+    tasks = [asyncio.create_task(r.run()) for r in reflectors]
+    try:
+        await eventually(lambda: len(delays) == 3, 10, "three connection errors")
+        started = time.monotonic()
+        await eventually(lambda: len(client.probes) >= 3, 20, "probes")
+        # one prober at a time, one probe a second: not one per reflector
+        assert len(client.probes) <= time.monotonic() - started + 2
+        client.up = True
+        await eventually(lambda: all(s.events == ["ADDED"] for s in sinks), 10, "every reflector re-watching")
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_an_answer_during_the_failing_attempt_counts():
+    client = FakeClient([page("10")], [refused(), [added("x", "11")]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays, backoff=SlowBackoff())
+    original = client.stream
+
+    def stream_after_recovery(*args):
+        client.recover()  # the server answers someone while this reflector's attempt fails
+        client.stream = original
+        return original(*args)
+
+    client.stream = stream_after_recovery
+    await run_until(r, lambda: sink.events == ["ADDED"], "a re-watch without sleeping out the backoff")
+
+
+async def test_api_errors_and_repeated_connection_errors_are_not_cut_short():
+    client = FakeClient([page("10")], [refused(), refused(), ApiError(500, "InternalError")])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays, backoff=SlowBackoff())
+    async with running(r):
+        await eventually(lambda: len(delays) == 1, 10, "the first connection error")
+        client.recover()
+        await eventually(lambda: len(delays) == 2, 10, "the prompt retry failing again")
+        client.recover()  # one prompt retry per failure streak: a flapping server cannot make it spin
+        await settle()
+        assert len(client.watch_params) == 2
+    # an API error is an answer: however many recoveries the client reports, it backs off as usual
+    client = FakeClient([page("10")], [ApiError(500, "InternalError")])
+    delays = []
+    r = reflector(client, Sink(), delays, backoff=SlowBackoff())
+    async with running(r):
+        await eventually(lambda: len(delays) == 1, 10, "the API error")
+        client.recover()
+        await settle()
+        assert len(client.watch_params) == 1
+
+
+async def test_first_answer_after_connection_errors_starts_the_backoff_afresh():
+    # After an apiserver restart the first answer is typically a 410: its relist must not wait out the backoff
+    # that grew while the server was down.
+    gone = ApiError(410, "Expired")
+    client = FakeClient([page("10"), page("20")], [refused(), refused(), refused(), gone, ApiError(500, "x")])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays, backoff=Backoff(initial=0.001, factor=5.0, cap=10.0, jitter=0.0))
+    await run_until(r, lambda: len(delays) >= 5)
+    assert [round(d[2], 3) for d in delays[:5]] == [0.001, 0.005, 0.025, 0.001, 0.005]
+    assert [p["resourceVersion"] for p in client.list_params[:2]] == ["0", "10"]
+
+
+# -- metric series -----------------------------------------------------------------------------------------
+def samples_of(registry, gvr):
+    return [s for family in registry.collect() for s in family.samples if s.labels.get("gvr") == str(gvr)]
+
+
+async def test_stopped_informers_leave_no_metric_series():
+    registry = CollectorRegistry()
+    metrics = InformerMetrics.for_registry(registry)
+    gvrs = [GVR("example.com", "v1", f"things{i}") for i in range(5)]
+    informers = []
+    for gvr in gvrs:
+        gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+        client = FakeClient([page("10"), page("12")], [[added("a", "11"), bookmark("11"), gone]])
+        inf = SharedIndexInformer(client, gvr, metrics=metrics,
+                                  options=ReflectorOptions(watch_list=False, backoff=lambda: Backoff(initial=0.01)))
+        inf.add_event_handler(FuncHandler(on_add=lambda obj, initial: None, name="h"))
+        inf.start()
+        informers.append(inf)
+    twin = SharedIndexInformer(FakeClient([page("10")]), gvrs[0], metrics=metrics,
+                               options=ReflectorOptions(watch_list=False))
+    twin.start()
+    try:
+        await eventually(lambda: all(i.reflector.resource_version == "12" for i in informers), 10, "relists")
+        names = {s.name for s in samples_of(registry, gvrs[1])}
+        assert {"informer_lists_total", "informer_watches_total", "informer_relists_total", "informer_errors_total",
+                "informer_events_total", "informer_last_resource_version", "informer_objects", "informer_synced",
+                "informer_handler_queue_depth"} <= names
+        for inf in informers:
+            await inf.stop()
+        # another informer of the same GVR keeps its series
+        assert {s.name for s in samples_of(registry, gvrs[0])} >= {"informer_lists_total", "informer_objects"}
+        assert all(samples_of(registry, g) == [] for g in gvrs[1:])
+    finally:
+        await twin.stop()
+        await asyncio.gather(*(i.stop() for i in informers))  # stopping twice is harmless
+    assert all(samples_of(registry, g) == [] for g in gvrs)
+    assert not any(str(g) in s.labels.values() for f in registry.collect() for s in f.samples for g in gvrs)
+
+
+async def test_a_watch_that_delivered_again_gets_the_shortcut_at_the_next_cut():
+    # Cut, re-watch with an event, cut again (one dead HTTP/2 connection under every watch, twice): the second
+    # cut is cut short by the server answering too, not slept out at the backoff the first one grew.
+    client = FakeClient([page("10")], [refused(), [added("x", "11"), refused()], [added("y", "12")]])
+    sink, delays, backoff = Sink(), [], SlowBackoff()
+    r = reflector(client, sink, delays, backoff=backoff)
+    async with running(r):
+        await eventually(lambda: len(delays) == 1, 10, "the first cut")
+        client.recover()
+        await eventually(lambda: len(delays) == 2, 10, "the second cut, after an event")
+        await settle()
+        assert sink.events == ["ADDED"] and len(client.watch_params) == 2
+        client.recover()
+        await eventually(lambda: sink.events == ["ADDED", "ADDED"], 10, "the prompt re-watch after the second cut")
+        assert backoff.resets == 2
