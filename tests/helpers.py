@@ -1,18 +1,44 @@
-"""Async helpers for integration tests."""
+"""Helpers of the tests: waiting for a condition (or its absence), free ports, server and cache states."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import re
+import socket
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
+
+import pytest
 
 from controllers.provider import Changed, ClusterConfig, Conflict
 from informers import GVR, ApiClient, ApiError
 from syncer.testing import eventually  # noqa: F401 (the suite imports it from here)
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on (free when asked: another process may take it since)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def settle(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Return once ``cond()`` is true, polling every 5 ms of the loop's clock; AssertionError after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"not settled within {timeout}s")
+        await asyncio.sleep(0.005)
+
+
+async def nothing_within(cond: Callable[[], bool], seconds: float) -> None:
+    """Fail if ``cond`` becomes true within ``seconds`` (how an absence is checked)."""
+    with pytest.raises(AssertionError, match="not settled"):
+        await settle(cond, seconds)
 
 
 async def create_configmaps(api: ApiClient, namespace: str, count: int, prefix: str = "cm",

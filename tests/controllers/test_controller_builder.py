@@ -14,8 +14,8 @@ from controllers import (
     resource_version_changed,
 )
 
-from tests.controllers.test_controller_manager_unit import A, B, nothing_within, settle, sources  # noqa: F401 (a fixture)
-from tests.controllers.test_controller_unit import Recorder, run_with
+from tests.fakes import A, B, Recorder, run_with
+from tests.helpers import nothing_within, settle
 
 X = Request("x", "ns")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 
 import pytest
@@ -11,34 +10,9 @@ from prometheus_client import CollectorRegistry
 from controllers import (
     Controller, ControllerContext, ItemExponentialFailureRateLimiter, Request, Result, TerminalError,
 )
-from informers import wait_first
 
-from tests.controllers.test_controller_manager_unit import A, nothing_within, obj, settle, sources  # noqa: F401 (a fixture)
-
-
-class Recorder:
-    """A reconcile recording (time, request) per call, answering with ``script`` (results or exceptions) first,
-    then None."""
-
-    def __init__(self, *script):
-        self.calls = []
-        self.script = list(script)
-
-    async def __call__(self, req):
-        self.calls.append((asyncio.get_running_loop().time(), req))
-        if self.script:
-            answer = self.script.pop(0)
-            if isinstance(answer, BaseException):
-                raise answer
-            return answer
-        return None
-
-    @property
-    def names(self):
-        return [req.name for _, req in self.calls]
-
-    def gaps(self):
-        return [b - a for (a, _), (b, _) in zip(self.calls, self.calls[1:])]
+from tests.fakes import A, Recorder, obj, run_with
+from tests.helpers import nothing_within, settle
 
 
 class Term:
@@ -57,11 +31,6 @@ class Term:
 def controller(reconcile, base=0.001, cap=0.008, **kw):
     return Controller("c", reconcile, rate_limiter=ItemExponentialFailureRateLimiter(base, cap),
                       metrics_registry=CollectorRegistry(), **kw)
-
-
-async def run_with(c, ctx, scenario):
-    """Run ``c`` while ``scenario`` runs; then cancel it. A controller that ends first fails the test."""
-    assert await wait_first(scenario, c.run(ctx)) == 0
 
 
 X = Request("x", "ns")

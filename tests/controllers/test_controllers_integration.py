@@ -21,8 +21,7 @@ from informers import (
 )
 
 from tests.helpers import CONFIGMAPS, eventually
-from tests.informers.test_discovering_factory import create_crd, crd_gone, delete_crd, new_object, unique_group
-from tests.informers.test_resource_client import configmap, install_crd, widget
+from tests.kube import configmap, crd_gone, delete_crd, install_crd, new_object, post_crd, unique_group, widget
 
 FINALIZER = "example.com/cleanup"
 EVENTS = GVR("events.k8s.io", "v1", "events")
@@ -63,7 +62,7 @@ async def test_controller_follows_its_crd_and_two_gvr_controller_waits_for_both(
     await factory.start()
     await mgr.start()
     try:
-        await create_crd(api, g1)
+        await post_crd(api, g1)
         established = await wait_established(api, f"widgets.{g1}")
         await new_object(api, w1, "early")
         await eventually(lambda: mgr.status()["single"].state == "running", 10, "single running")
@@ -74,7 +73,7 @@ async def test_controller_follows_its_crd_and_two_gvr_controller_waits_for_both(
         assert mgr.status()["pair"].state == "waiting" and [m.split(" (")[1] for m in mgr.status()["pair"].missing] == ["not served: no CRD or APIService provides it; did you "
                                                                   f"mean {w1}?)"]
         # the second GVR arrives: the pair controller starts
-        await create_crd(api, g2)
+        await post_crd(api, g2)
         await eventually(lambda: mgr.status()["pair"].state == "running", 10, "pair running")
         w1_informer = factory.informers()[0][w1]
         assert len(w1_informer.registrations) == 2
@@ -88,7 +87,7 @@ async def test_controller_follows_its_crd_and_two_gvr_controller_waits_for_both(
         await eventually(lambda: mgr.status()["single"].state == "waiting", 10, "single stopped")
         await eventually(lambda: crd_gone(api, f"widgets.{g1}"), 30, "CRD gone")
         single.seen.clear()
-        await create_crd(api, g1)
+        await post_crd(api, g1)
         await wait_established(api, f"widgets.{g1}")
         await new_object(api, w1, "reborn")
         await eventually(lambda: any(r.name == "reborn" for r in single.seen), 15, "reconciled after recreate")
@@ -148,7 +147,7 @@ async def test_reconcile_errors_terminal_errors_and_owner_changes(api: ApiClient
     mgr = ControllerManager("it-errors", factory, {"owners": controller("owners", by_owner, owners),
                                                    "flaky": controller("flaky", flaky)},
                             metrics_registry=CollectorRegistry())
-    await create_crd(api, group)
+    await post_crd(api, group)
     await factory.start()
     await mgr.start()
     try:

@@ -9,7 +9,7 @@ from controllers import EventRecorder
 from informers import GVR, ApiClient, ResourceClient
 
 from tests.helpers import CONFIGMAPS, eventually
-from tests.informers.test_resource_client import configmap
+from tests.kube import configmap
 
 EVENTS = GVR("events.k8s.io", "v1", "events")
 

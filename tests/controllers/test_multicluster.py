@@ -8,7 +8,6 @@ a second Secret pointing at the same apiserver, which keeps the churn test cheap
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
 import os
 import sys
@@ -25,20 +24,17 @@ from controllers.cluster import Cluster, ClusterContext
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
 from controllers.member import MemberOptions
-from controllers.provider import ClusterProvider
-from controllers.providers.secrets import SecretOptions, SecretProvider
 from controllers.fleet import FleetController, FleetLoop
 from controllers.reconcile import Request
 from informers import GVR, ApiClient, ClusterNotFound
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
 
-from tests.helpers import CONFIGMAPS, eventually, fresh_namespace
+from tests.fleet import created, delete_secret, kubeconfig, member, options, past, put_secret, secrets
+from tests.helpers import CONFIGMAPS, eventually
 from tests.kube import create_crd, wait_established
 
-SECRETS = GVR("", "v1", "secrets")
 GADGETS = GVR("fleet.example.com", "v1", "gadgets")
-LABELS = {"kube-syncer.io/kubeconfig": "true"}
 
 
 @pytest.fixture(scope="module")
@@ -51,25 +47,6 @@ def workloads() -> Iterator[tuple[ControlPlane, ControlPlane]]:
     finally:
         a.stop()
         b.stop()
-
-
-def kubeconfig(cp: ControlPlane, token: str | None = None, server: str | None = None,
-               user: dict[str, Any] | None = None) -> bytes:
-    return cp.member_kubeconfig(token, server, user)
-
-
-async def put_secret(api: ApiClient, namespace: str, name: str, data: bytes, annotations: dict[str, str] | None = None,
-                     labels: dict[str, str] | None = None) -> None:
-    body = {"metadata": {"name": name, "labels": labels or LABELS, "annotations": annotations or {}},
-            "data": {"kubeconfig": base64.b64encode(data).decode()}}
-    try:
-        await api.request("POST", SECRETS.path(namespace), body=body)
-    except Exception:
-        await api.request("PUT", SECRETS.path(namespace, name), body=body)
-
-
-async def delete_secret(api: ApiClient, namespace: str, name: str) -> None:
-    await api.request("DELETE", SECRETS.path(namespace, name))
 
 
 class Recorder:
@@ -133,27 +110,6 @@ class FleetRecorder:
                 recorder.deleted.append((cluster, request.key))
 
         return FleetController(gvr, lambda ctx: Reconciler())
-
-
-@pytest.fixture
-async def fleet_ns(api: ApiClient) -> Any:
-    async with fresh_namespace(api, "fleet") as name:
-        yield name
-
-
-def secrets(api: ApiClient, *namespaces: str) -> list[ClusterProvider]:
-    """The kubeconfig-Secret provider over ``namespaces``."""
-    return [SecretProvider(api, SecretOptions(namespaces=namespaces))]
-
-
-def options(api: ApiClient, ns: str, **kw: Any) -> tuple[list[ClusterProvider], MemberOptions]:
-    """The providers and member options of a registry over the Secrets of ``ns``."""
-    return secrets(api, ns), MemberOptions(sync_timeout=kw.pop("sync_timeout", 20.0),
-                                           probe_interval=kw.pop("probe_interval", 0.5), **kw)
-
-
-def member(registry: ClusterRegistry, name: str) -> dict[str, Any] | None:
-    return next((c for c in registry.status()["clusters"] if c["name"] == name), None)
 
 
 async def test_secret_lifecycle_rotation_and_removal(api: ApiClient, fleet_ns: str,
@@ -445,16 +401,6 @@ async def test_fifty_members_against_one_apiserver(api: ApiClient, fleet_ns: str
         await registry.stop()
     await asyncio.sleep(0.1)
     assert len(asyncio.all_tasks()) <= tasks_before
-
-
-async def created(api: ApiClient, namespace: str, name: str) -> str:
-    secret = await api.request("GET", SECRETS.path(namespace, name))
-    return str(secret["metadata"]["creationTimestamp"])
-
-
-def past(timestamp: str) -> bool:
-    """Whether the clock has left the second of ``timestamp`` (an object created now is younger)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) > timestamp
 
 
 async def test_a_contested_name_goes_to_the_oldest_secret_across_restarts(

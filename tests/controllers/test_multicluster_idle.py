@@ -22,9 +22,9 @@ from informers.discovery_triggers import APISERVICES, CRDS
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
 
+from tests.fleet import delete_secret, kubeconfig, member, put_secret, secrets
 from tests.helpers import CONFIGMAPS, eventually
 from tests.kube import create_crd
-from tests.controllers.test_multicluster import delete_secret, fleet_ns, kubeconfig, member, put_secret, secrets  # noqa: F401 (fixture)
 
 GIZMOS = GVR("idle.example.com", "v1", "gizmos")
 
@@ -73,7 +73,7 @@ def test_defaults_keep_a_watched_member_from_being_probed() -> None:
 
 
 async def test_a_member_heard_from_makes_no_requests_beyond_its_watches(
-        api: ApiClient, fleet_ns: str, control_plane: ControlPlane) -> None:  # noqa: F811
+        api: ApiClient, fleet_ns: str, control_plane: ControlPlane) -> None:
     """While a member's watches hear from its server, there is no /version probe and no periodic discovery
     pass: every request in the window is a watch (re)opened. Once it is silent for a whole ``probe_interval``,
     one probe per interval asks after it."""
@@ -113,7 +113,7 @@ async def test_a_member_heard_from_makes_no_requests_beyond_its_watches(
 
 
 async def test_a_crd_installed_in_a_member_is_picked_up_by_its_trigger(
-        api: ApiClient, fleet_ns: str, control_plane_factory: Any) -> None:  # noqa: F811
+        api: ApiClient, fleet_ns: str, control_plane_factory: Any) -> None:
     """With the periodic pass out of reach, the CRD trigger alone brings a new required GVR's informer up."""
     plane = control_plane_factory()
     metrics = CollectorRegistry()
@@ -192,7 +192,7 @@ async def test_a_request_after_the_old_keep_alive_reuses_the_connection(control_
 
 
 async def test_member_informer_metrics_are_labelled_by_cluster_and_leave_with_it(
-        api: ApiClient, fleet_ns: str, control_plane: ControlPlane) -> None:  # noqa: F811
+        api: ApiClient, fleet_ns: str, control_plane: ControlPlane) -> None:
     """Two members watching the same GVR have their own series (``cluster`` label) on the registry's metrics
     registry, next to the process's own (``cluster=""``); a member's go when it leaves, all of them when the
     registry stops."""

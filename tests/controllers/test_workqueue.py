@@ -12,7 +12,7 @@ from controllers import (
     BucketRateLimiter, ItemExponentialFailureRateLimiter, QueueShutDown, WorkQueue, default_controller_rate_limiter,
 )
 
-from tests.controllers.test_controller_manager_unit import nothing_within, settle
+from tests.helpers import nothing_within, settle
 
 
 async def test_dedup_processing_and_dirty_requeue():

@@ -18,7 +18,7 @@ from controllers import (
 from informers import GVR, AlreadyExists, ApiClient, ApiError, Conflict, NotFound, ResourceClient
 
 from tests.helpers import CONFIGMAPS
-from tests.informers.test_resource_client import configmap, install_crd, widget
+from tests.kube import configmap, install_crd, widget
 
 
 @pytest.fixture(scope="module")

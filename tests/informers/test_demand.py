@@ -15,9 +15,10 @@ from informers.discovering_factory import DiscoveringDynamicSharedInformerFactor
 from informers.discovery_triggers import APISERVICES, CRDS
 from informers.reflector import INITIAL_EVENTS_END
 
-from tests.helpers import CONFIGMAPS, eventually
-from tests.controllers.test_controller_manager_unit import FakeSource, Probe, fast_backoff, settle
-from tests.informers.test_discovering_factory import create_crd, delete_crd, factory, unique_group
+from tests.factories import factory
+from tests.fakes import FakeSource, Probe, fast_backoff
+from tests.helpers import CONFIGMAPS, eventually, settle
+from tests.kube import delete_crd, post_crd, unique_group
 
 SECRETS = GVR("", "v1", "secrets")
 PODS = GVR("", "v1", "pods")
@@ -290,8 +291,8 @@ async def test_a_required_crd_is_watched_while_it_exists_and_an_unrequired_one_o
         # (other tests' groups on the shared server may be offered as closest names)
         await eventually(lambda: [w.startswith(f"{widgets} (not served: no CRD or APIService provides it")
                                   for w in m.status()["widgets"].missing] == [True], 10, "waiting")
-        await create_crd(api, group, "gadgets", "Gadget")
-        await create_crd(api, group)
+        await post_crd(api, group, "gadgets", "Gadget")
+        await post_crd(api, group)
         await eventually(lambda: probe.running == 1, 30, "the widgets controller running")
         assert widgets in f.informers()[0]
         await eventually(lambda: states(f).get(gadgets) == GVRState.IDLE, 20, "gadgets discovered")

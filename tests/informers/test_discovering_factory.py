@@ -5,54 +5,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-import uuid
 
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import ControllerManager, ManagedController
-from informers import GVR, ApiClient, ApiError, DiscoveringDynamicSharedInformerFactory, ResourceFilter
+from informers import GVR, ApiClient, ResourceFilter
 
+from tests.factories import factory, only
 from tests.helpers import eventually
-from tests.kube import crd_body
-
-CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-
-
-def unique_group(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}.example.com"
-
-
-async def create_crd(api: ApiClient, group: str, plural: str = "widgets", kind: str = "Widget", **kw) -> dict:
-    return await api.request("POST", CRD_PATH, body=crd_body(group, plural, kind, **kw))
-
-
-async def delete_crd(api: ApiClient, name: str) -> None:
-    await api.request("DELETE", f"{CRD_PATH}/{name}")
-
-
-async def crd_gone(api: ApiClient, name: str) -> bool:
-    try:
-        await api.request("GET", f"{CRD_PATH}/{name}")
-    except ApiError as e:
-        return e.status == 404
-    return False
-
-
-def only(prefix: str) -> ResourceFilter:
-    """Keep the tests' own groups only: the built-in set is not what these tests are about."""
-    return ResourceFilter(include=[f"{prefix}-*.example.com/*"])
-
-
-def factory(client: ApiClient, **kw) -> DiscoveringDynamicSharedInformerFactory:
-    kw.setdefault("metrics_registry", CollectorRegistry())
-    return DiscoveringDynamicSharedInformerFactory(client, **kw)
-
-
-async def new_object(api: ApiClient, gvr: GVR, name: str, namespace: str = "default") -> None:
-    await api.request("POST", gvr.path(namespace), body={
-        "apiVersion": f"{gvr.group}/{gvr.version}", "kind": "Widget", "metadata": {"name": name}})
+from tests.kube import CRD_PATH, crd_gone, delete_crd, new_object, post_crd, unique_group
 
 
 async def test_crd_lifecycle_creates_syncs_drops_and_replaces_informers(api) -> None:
@@ -71,7 +34,7 @@ async def test_crd_lifecycle_creates_syncs_drops_and_replaces_informers(api) -> 
     counter = asyncio.create_task(count())
     try:
         assert gvr not in f.informers()[0]
-        await create_crd(api, group)
+        await post_crd(api, group)
         await eventually(lambda: gvr in f.informers()[0], 20, "informer synced for the new CRD")
         await new_object(api, gvr, "after")
         inf = f.informers()[0][gvr]
@@ -84,7 +47,7 @@ async def test_crd_lifecycle_creates_syncs_drops_and_replaces_informers(api) -> 
         assert len(inf.store) == 0 and inf.registrations == []
         # recreate with the same name: a new informer that only caches the new objects
         await eventually(lambda: crd_gone(api, f"widgets.{group}"), 30, "CRD deletion finished")
-        await create_crd(api, group)
+        await post_crd(api, group)
         await eventually(lambda: gvr in f.informers()[0], 20, "informer for the recreated CRD")
         inf2 = f.informers()[0][gvr]
         assert inf2 is not inf
@@ -124,7 +87,7 @@ async def test_served_versions_follow_the_crd(api) -> None:
     f = factory(api, filter=only("versions"))
     await f.start()
     try:
-        crd = await create_crd(api, group, versions=("v1", "v2"))
+        crd = await post_crd(api, group, versions=("v1", "v2"))
         v1, v2 = GVR(group, "v1", "widgets"), GVR(group, "v2", "widgets")
         await eventually(lambda: {v1, v2} <= set(f.informers()[0]), 20, "both versions")
         name = crd["metadata"]["name"]
@@ -165,7 +128,7 @@ async def test_unavailable_aggregated_api_does_not_block_discovery(control_plane
             assert GVR("", "v1", "configmaps") in set(f.informers()[0]) | set(f.informers()[1])
             assert not any(g.group == "broken.example.com" for g in f.informers()[0])
             group = unique_group("agg")
-            await create_crd(api, group)
+            await post_crd(api, group)
             await eventually(lambda: GVR(group, "v1", "widgets") in f.informers()[0], 20, "CRD despite broken API")
         finally:
             await f.shutdown()
@@ -209,7 +172,7 @@ async def test_restricted_user_gets_only_permitted_gvrs_and_periodic_rediscovery
             assert "may not list" in states[GVR("", "v1", "secrets")].reason
             # no permission to watch CRDs: only the periodic pass can find a new one
             assert not f.triggers.watching(CRDS_GVR)
-            await create_crd(admin, group)
+            await post_crd(admin, group)
             await eventually(lambda: GVR(group, "v1", "widgets") in f.informers()[0], 20, "found periodically")
             passes, since = f.passes, time.monotonic()
             await eventually(lambda: f.passes >= passes + 3, 10, "three periodic passes")
@@ -234,7 +197,7 @@ async def test_200_crds_at_once_sync_in_a_bounded_number_of_passes(control_plane
 
             async def one(g: str) -> None:
                 async with sem:
-                    await create_crd(api, g)
+                    await post_crd(api, g)
 
             await asyncio.gather(*(one(g) for g in groups))
             wanted = {GVR(g, "v1", "widgets") for g in groups}
@@ -257,7 +220,7 @@ async def test_50_crd_cycles_leak_nothing(control_plane_factory) -> None:
         rss = []
         try:
             for i in range(50):
-                await create_crd(api, "cycle.example.com")
+                await post_crd(api, "cycle.example.com")
                 await eventually(lambda: gvr in f.informers()[0], 30, f"cycle {i}: synced")
                 await delete_crd(api, "widgets.cycle.example.com")
                 await eventually(lambda: gvr not in f.informers()[0] and gvr not in f.informers()[1], 30,
@@ -283,7 +246,7 @@ async def test_a_metadata_only_key_is_an_informer_of_its_own_while_required(api,
     group = unique_group("meta")
     gvr = GVR(group, "v1", "widgets")
     key = gvr.only_metadata()
-    await create_crd(api, group)
+    await post_crd(api, group)
     f = factory(api, filter=only("meta"), watch=watch)
     await f.start()
     contexts = []

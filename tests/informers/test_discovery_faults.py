@@ -5,7 +5,7 @@ alive (a new CRD is picked up) and healthy (``supervisor.problems()`` empty)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import kubernetes
 import pytest
@@ -15,42 +15,13 @@ from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, D
 from informers.transport import TransportError
 from syncer.testing.controlplane import ControlPlane
 
+from tests.factories import factory, only, passes_health
+from tests.fakes import FaultyClient
 from tests.helpers import eventually
+from tests.kube import post_crd, unique_group
 from tests.proxy import Proxy
-from tests.informers.test_discovering_factory import create_crd, factory, only, unique_group
 
 SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
-Match = Callable[[str, str], bool]
-
-
-class FaultyClient(ApiClient):
-    """An ApiClient whose chosen requests fail (``fail``) or wait for a gate (``hold``) before being sent."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._faults: list[list[Any]] = []  # [match, error factory, times left]
-        self._holds: list[tuple[Match, asyncio.Event]] = []
-        self.injected = 0
-
-    def fail(self, match: Match, error: Callable[[], Exception], times: int) -> None:
-        self._faults.append([match, error, times])
-
-    def hold(self, match: Match) -> asyncio.Event:
-        """Matching requests wait until the returned event is set."""
-        gate = asyncio.Event()
-        self._holds.append((match, gate))
-        return gate
-
-    async def request_bytes(self, method: str, path: str, *args: Any, **kwargs: Any) -> bytes:
-        for fault in self._faults:
-            if fault[2] > 0 and fault[0](method, path):
-                fault[2] -= 1
-                self.injected += 1
-                raise fault[1]()
-        for match, gate in self._holds:
-            if match(method, path):
-                await gate.wait()
-        return await super().request_bytes(method, path, *args, **kwargs)
 
 
 @pytest.fixture
@@ -64,14 +35,9 @@ def logged() -> Iterator[list[str]]:
         logger.remove(sink)
 
 
-def passes_health(f: DiscoveringDynamicSharedInformerFactory) -> Any:
-    (h,) = [h for h in f.supervisor.health() if h.name == "discovery passes"]
-    return h
-
-
 async def picks_up_a_new_crd(f: DiscoveringDynamicSharedInformerFactory, api: ApiClient, prefix: str) -> None:
     group = unique_group(prefix)
-    await create_crd(api, group)
+    await post_crd(api, group)
     await eventually(lambda: GVR(group, "v1", "widgets") in f.informers()[0], 30, f"informer for {group}")
 
 
@@ -114,12 +80,12 @@ async def test_a_failing_access_review_keeps_verdicts_and_is_asked_again(control
         await f.start()
         try:
             first = unique_group("review")
-            await create_crd(api, first)
+            await post_crd(api, first)
             await eventually(lambda: GVR(first, "v1", "widgets") in f.informers()[0], 30, "first CRD watched")
             watched = f.informers()[0][GVR(first, "v1", "widgets")]
             api.fail(lambda method, path: path == SSAR, lambda: TransportError("ServerDisconnectedError"), times=3)
             second = GVR(unique_group("review"), "v1", "widgets")
-            await create_crd(api, second.group)
+            await post_crd(api, second.group)
             await eventually(lambda: api.injected >= 1, 20, "an access review failing")
             await eventually(lambda: second in f.informers()[0], 30, "second CRD watched once reviews work")
             assert f.informers()[0][GVR(first, "v1", "widgets")] is watched  # never stopped meanwhile

@@ -9,11 +9,10 @@ import time
 from informers import GVR, ApiClient, ApiError, ResourceFilter
 from informers.discovery_triggers import APISERVICES, CRDS
 
+from tests.factories import factory, only, passes_health
+from tests.fakes import FaultyClient
 from tests.helpers import apiserver_requests, eventually
-from tests.informers.test_discovering_factory import (
-    CRD_PATH, create_crd, crd_gone, delete_crd, factory, new_object, only, unique_group,
-)
-from tests.informers.test_discovery_faults import FaultyClient, passes_health
+from tests.kube import CRD_PATH, crd_gone, delete_crd, new_object, post_crd, unique_group
 
 
 async def serve_version(api: ApiClient, name: str, version: str, served: bool) -> None:
@@ -48,7 +47,7 @@ async def test_removal_hooks_run_before_the_informer_is_stopped(api) -> None:
     unregister = f.add_removal_hook(hook)
     f.add_removal_hook(failing)
     try:
-        await create_crd(api, group, versions=("v1", "v2"))
+        await post_crd(api, group, versions=("v1", "v2"))
         await eventually(lambda: {v1, v2} <= set(f.informers()[0]), 30, "both versions synced")
         for name in ("a", "b"):
             await new_object(api, v1, name)
@@ -93,7 +92,7 @@ async def test_crd_recreated_within_one_pass_gets_a_new_informer(control_plane) 
 
         f.add_removal_hook(hook)
         try:
-            old_uid = (await create_crd(api, group))["metadata"]["uid"]
+            old_uid = (await post_crd(api, group))["metadata"]["uid"]
             await eventually(lambda: gvr in f.informers()[0], 30, "informer synced")
             old = f.informers()[0][gvr]
             await new_object(api, gvr, "old")
@@ -104,7 +103,7 @@ async def test_crd_recreated_within_one_pass_gets_a_new_informer(control_plane) 
             await eventually(lambda: passes_health(f).busy_for is not None, 10, "a pass held")
             await delete_crd(api, name)
             await eventually(lambda: crd_gone(api, name), 30, "CRD deleted")
-            new_uid = (await create_crd(api, group))["metadata"]["uid"]
+            new_uid = (await post_crd(api, group))["metadata"]["uid"]
             assert new_uid != old_uid
 
             def new_crd_cached() -> bool:
@@ -157,7 +156,7 @@ async def test_trigger_informers_are_shared_when_the_filter_watches_crds_and_api
         await eventually(lambda: _watches_opened(api, before, 1), 20, "one watch each")
         assert await apiserver_requests(api, "LIST", "customresourcedefinitions") - lists_before <= 1
         group = unique_group("share")
-        await create_crd(api, group)
+        await post_crd(api, group)
         await eventually(lambda: GVR(group, "v1", "widgets") in f.informers()[0], 30, "CRD picked up")
         statuses = {s.gvr: s for s in f.status()}
         assert statuses[CRDS].state == "synced" and statuses[GVR(group, "v1", "widgets")].source == "crd"
@@ -191,7 +190,7 @@ async def test_preferred_version_only_follows_the_served_versions(api) -> None:
         return {g for g in (*synced, *pending) if g.group == group}
 
     try:
-        await create_crd(api, group, versions=("v1", "v2"))
+        await post_crd(api, group, versions=("v1", "v2"))
         await eventually(lambda: v2 in f.informers()[0], 30, "the preferred version v2 synced")
         await eventually(lambda: v1 in rules.informers()[0], 30, "v1 synced (v2 excluded by rule)")
         assert watched(f) == {v2} and watched(rules) == {v1}

@@ -7,48 +7,14 @@ import time
 
 import psutil
 import pytest
-from prometheus_client import CollectorRegistry
 
-from informers import (
-    GVR, ApiClient, ApiError, DeletedFinalStateUnknown, DynamicSharedInformerFactory, FuncHandler, ReflectorOptions,
-)
+from informers import GVR, ApiClient, ApiError, FuncHandler, ReflectorOptions
 
+from tests.factories import Recorder, counter_sum, factory_for
 from tests.helpers import (
     CONFIGMAPS, apiserver_requests, cache_state, converged, create_configmaps, eventually, server_state,
 )
 from tests.proxy import Proxy
-
-
-class Recorder:
-    """An event handler that records what it sees."""
-
-    def __init__(self, name: str = "recorder") -> None:
-        self.name = name
-        self.events: list[tuple] = []
-
-    def on_add(self, obj, is_in_initial_list):
-        self.events.append(("add", obj["metadata"]["name"], is_in_initial_list))
-
-    def on_update(self, old, new):
-        self.events.append(("update", new["metadata"]["name"], old["metadata"]["resourceVersion"],
-                            new["metadata"]["resourceVersion"]))
-
-    def on_delete(self, obj):
-        if isinstance(obj, DeletedFinalStateUnknown):
-            self.events.append(("tombstone", obj.obj["metadata"]["name"]))
-        else:
-            self.events.append(("delete", obj["metadata"]["name"]))
-
-
-def factory_for(api: ApiClient, **kw) -> DynamicSharedInformerFactory:
-    kw.setdefault("metrics_registry", CollectorRegistry())
-    return DynamicSharedInformerFactory(api, **kw)
-
-
-def counter_sum(f: DynamicSharedInformerFactory, name: str, **labels) -> float:
-    """Sum of a metric's samples matching ``labels`` in the factory's own registry."""
-    return sum(sample.value for family in f.metrics.registry.collect() for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
 
 
 async def test_initial_sync_by_watch_list_then_watch_events_in_order(api, namespace) -> None:

@@ -13,10 +13,10 @@ import pytest
 from informers import GVR, ApiClient, ApiError, ReflectorOptions
 from informers.reflector import _METADATA_LIST_ACCEPT, _METADATA_WATCH_ACCEPT
 
+from tests.factories import Recorder, counter_sum, factory_for
 from tests.helpers import CONFIGMAPS, eventually, server_state
 from tests.kube import crd_body
 from tests.proxy import Proxy
-from tests.informers.test_informer_integration import Recorder, counter_sum, factory_for
 
 GADGETS = GVR("metadata-test.example.com", "v1", "gadgets")
 PARTIAL = {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata"}

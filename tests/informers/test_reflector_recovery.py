@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 
 import kubernetes
@@ -18,9 +17,9 @@ from prometheus_client import CollectorRegistry
 from informers import ApiClient, ApiError, InformerMetrics, ObjectShard, ReflectorOptions, SharedIndexInformer
 from informers.client import CONNECTION_ERRORS
 
-from tests.helpers import CONFIGMAPS, cache_state, converged, create_configmaps, eventually, server_state
+from tests.factories import Recorder, counter_sum, factory_for
+from tests.helpers import CONFIGMAPS, cache_state, converged, create_configmaps, eventually, free_port, server_state
 from tests.proxy import Proxy
-from tests.informers.test_informer_integration import Recorder, counter_sum, factory_for
 
 
 def record_watch_params(client: ApiClient) -> list[dict[str, str]]:
@@ -200,12 +199,6 @@ async def test_objects_created_right_after_an_outage_are_seen_within_seconds(con
             await asyncio.gather(*(f.shutdown() for f in factories))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_api_client_tells_when_the_server_answers_again() -> None:
     status = {"code": 200}
 
@@ -223,7 +216,7 @@ async def test_api_client_tells_when_the_server_answers_again() -> None:
     app = web.Application()
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/watch", broken_watch)
-    port = _free_port()
+    port = free_port()
     client = ApiClient(kubernetes.client.Configuration(host=f"http://127.0.0.1:{port}"))
     runner = web.AppRunner(app)
     try:

@@ -8,7 +8,6 @@ import json
 import re
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Iterator
 
 import kubernetes
@@ -21,31 +20,7 @@ from informers import (
 )
 
 from tests.helpers import CONFIGMAPS
-
-WIDGET_CRD = json.loads((Path(__file__).resolve().parents[2] / "examples" / "crds" / "widget.json").read_text())
-CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-
-
-def install_crd(admin: kubernetes.client.ApiClient, scope: str, kind: str, plural: str) -> GVR:
-    """examples/crds/widget.json (schema, status subresource) under a group of its own, with the given scope;
-    returns its GVR once the server serves it."""
-    group = f"rc-{uuid.uuid4().hex[:6]}.example.com"
-    body = copy.deepcopy(WIDGET_CRD)
-    body["metadata"]["name"] = f"{plural}.{group}"
-    body["spec"].update(group=group, scope=scope, names={
-        "plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"})
-    kubernetes.client.ApiextensionsV1Api(admin).create_custom_resource_definition(body)
-    gvr = GVR(group, "v1", plural)
-    custom = kubernetes.client.CustomObjectsApi(admin)
-    deadline = time.monotonic() + 30
-    while True:  # the REST handler of a new resource can lag its Established condition
-        try:
-            custom.list_cluster_custom_object(group, "v1", plural)
-            return gvr
-        except kubernetes.client.ApiException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+from tests.kube import configmap, install_crd, widget
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +32,6 @@ def crds(admin_client: kubernetes.client.ApiClient) -> Iterator[dict[str, GVR]]:
     ext = kubernetes.client.ApiextensionsV1Api(admin_client)
     for gvr in gvrs.values():
         ext.delete_custom_resource_definition(f"{gvr.resource}.{gvr.group}")
-
-
-def widget(gvr: GVR, name: str, namespace: str | None = None, size: int = 1, kind: str = "Widget") -> dict[str, Any]:
-    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
-    return {"apiVersion": gvr.group_version, "kind": kind, "metadata": meta, "spec": {"size": size}}
-
-
-def configmap(name: str, namespace: str, **data: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
-            "data": data}
 
 
 # -- typed errors ---------------------------------------------------------------------------------------------

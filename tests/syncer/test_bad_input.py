@@ -27,6 +27,7 @@ from syncer.settings import (
     ClusterAPI, Clusters, KubeconfigFiles, LeaderElection, Settings, SettingsError, Sharding, Webhooks, load_settings,
 )
 from syncer.testing import ControlPlane
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 20
@@ -583,7 +584,7 @@ def test_closed_pipe_ends_quietly(control_plane: ControlPlane) -> None:
 
 def test_ctrl_c_while_the_local_control_plane_starts(tmp_path: Path) -> None:
     """SIGINT while `run --local` starts etcd and the apiserver: one line, exit 130, nothing left running."""
-    (tmp_path / "s.toml").write_text(f'http_bind = "127.0.0.1:{_free_port()}"\n')
+    (tmp_path / "s.toml").write_text(f'http_bind = "127.0.0.1:{free_port()}"\n')
     proc = syncer("run", "--local", "--settings", str(tmp_path / "s.toml"))
     deadline = time.monotonic() + TIMEOUT
     while not (spawned := _children(proc.pid)):  # etcd is spawned: the control plane is starting
@@ -611,7 +612,7 @@ def _running(pid: int) -> bool:
 
 def test_local_hint_fits_the_settings(tmp_path: Path) -> None:
     """`run --local` suggests installing the example CRD only when the example plugin that needs it is loaded."""
-    (tmp_path / "s.toml").write_text(f'http_bind = "127.0.0.1:{_free_port()}"\n')
+    (tmp_path / "s.toml").write_text(f'http_bind = "127.0.0.1:{free_port()}"\n')
     proc = syncer("run", "--local", "--settings", str(tmp_path / "s.toml"))
     assert proc.stdout is not None and proc.stderr is not None
     try:
@@ -647,12 +648,6 @@ def test_cli_does_not_import_test_tooling() -> None:
     assert out.stdout.splitlines()[-1] == "[]", out.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_check_config_masks_and_discover_lists(tmp_path: Path, control_plane: ControlPlane) -> None:
     (tmp_path / "s.toml").write_text(
         f'kubeconfig = "{control_plane.kubeconfig}"\ninclude = ["core/configmaps"]\n'
@@ -680,7 +675,7 @@ def test_a_required_gvr_the_settings_exclude_is_warned_about(tmp_path: Path, clo
 
 
 def test_a_controller_waiting_because_of_the_settings_says_why(tmp_path: Path, control_plane: ControlPlane) -> None:
-    from tests.syncer.test_syncer import Sidecar
+    from tests.sidecar import Sidecar
 
     car = Sidecar(tmp_path, str(control_plane.kubeconfig), plugins=("examples.plugins.configmap_mirror",),
                   extra='exclude = ["core/configmaps"]\n')
@@ -701,7 +696,7 @@ def test_a_controller_waiting_for_a_gvr_nobody_serves_is_warned_about(tmp_path: 
                                                                       control_plane: ControlPlane) -> None:
     # Not a GVR that a CRD is about to serve: one WARNING with the closest served names, in /status and
     # `syncer status` too; check-config asks the cluster when given --kubeconfig.
-    from tests.syncer.test_syncer import Sidecar
+    from tests.sidecar import Sidecar
 
     why = "configmaps.v2 (not served: no CRD or APIService provides it; did you mean configmaps.v1?)"
     car = Sidecar(tmp_path, str(control_plane.kubeconfig), plugins=("tests.plugins.wrong_version",))

@@ -23,9 +23,9 @@ from informers import GVR, ApiClient, LabelSelector, NotFound, ResourceClient
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
 
+from tests.fleet import delete_secret, kubeconfig, options, put_secret
 from tests.helpers import CONFIGMAPS, create_configmaps, eventually, fresh_namespace
 from tests.kube import create_crd, wait_established
-from tests.controllers.test_multicluster import delete_secret, kubeconfig, options, put_secret
 
 from syncer.builtin.cached_resources.naming import (  # noqa: E402  (after the stand-in, while there is one)
     CACHED_OBJECTS, source_of, wrapper_name,

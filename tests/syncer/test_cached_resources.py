@@ -14,7 +14,7 @@ import pytest
 
 from controllers.cluster_registry import ClusterRegistry
 from controllers.fleet import FleetScope
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, NotFound
+from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory
 from syncer.builtin import cached_resources
 from syncer.builtin.cached_resources.admission import one_per_gvr
 from syncer.builtin.cached_resources.naming import CACHED_OBJECTS, CLUSTER_CACHED_RESOURCES, schema_selector
@@ -24,10 +24,11 @@ from syncer.testing.pytest_plugin import kube_client
 from syncer.webhook import Allow, Deny
 from syncer.webhook.review import parse_review
 
+from tests.cached_resources import get_ccr
+from tests.fleet import kubeconfig, options, put_secret
 from tests.helpers import CONFIGMAPS, eventually, fresh_namespace
 from tests.kube import create_crd, wait_established
 from tests.proxy import Proxy
-from tests.controllers.test_multicluster import kubeconfig, options, put_secret
 
 GADGETS = GVR("cache-test.example.com", "v1", "gadgets")
 
@@ -73,14 +74,6 @@ async def ccr(api: ApiClient, name: str, gvr: GVR, selector: dict[str, Any] | No
         "apiVersion": "cache.kcp.io/v1alpha1", "kind": "ClusterCachedResource", "metadata": {"name": name},
         "spec": {"group": gvr.group, "version": gvr.version, "resource": gvr.resource,
                  **({"labelSelector": selector} if selector else {})}})
-
-
-async def get_ccr(api: ApiClient, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = await api.request("GET", CLUSTER_CACHED_RESOURCES.path(name=name))
-        return obj
-    except NotFound:
-        return None
 
 
 async def wrappers(api: ApiClient, gvr: GVR, cluster: str | None = None) -> list[dict[str, Any]]:

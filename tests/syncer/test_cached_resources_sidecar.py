@@ -38,10 +38,9 @@ from syncer.runtime import Syncer
 from syncer.settings import Clusters, Settings, Webhooks
 from syncer.testing import ControlPlane
 
-from tests.helpers import CONFIGMAPS, create_configmaps, eventually
-from tests.syncer.test_cached_resources import get_ccr
-from tests.controllers.test_multicluster import kubeconfig, put_secret
-from tests.syncer.test_multicluster_sidecar import free_port
+from tests.cached_resources import get_ccr
+from tests.fleet import kubeconfig, put_secret
+from tests.helpers import CONFIGMAPS, create_configmaps, eventually, free_port
 
 PLUGIN = "syncer.builtin.cached_resources"
 CRD_NAMES = ("clustercachedresources.cache.kcp.io", "cachedobjects.cache.kcp.io")

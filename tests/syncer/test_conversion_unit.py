@@ -20,8 +20,8 @@ from syncer.webhook.conversion_configuration import _check_versions
 from syncer.webhook.review import ReviewError
 from syncer.webhook.server import WebhookServer
 
-from tests.syncer.test_webhooks_server import Served
-from tests.test_webhooks_support import free_port
+from tests.helpers import free_port
+from tests.webhook_server import Served
 
 CRD = "things.example.com"
 

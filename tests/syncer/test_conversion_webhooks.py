@@ -28,8 +28,9 @@ from syncer.webhook import Conversion
 from syncer.webhook.configuration import ConfigurationError
 from syncer.webhook.conversion_configuration import ManagedConversions
 
-from tests.syncer.test_webhooks import readyz, sidecar, status_of
-from tests.test_webhooks_support import CA, free_port, pem
+from tests.helpers import free_port
+from tests.sidecar import readyz, sidecar, status_of
+from tests.tls import CA, pem
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHIVE_CRD = json.loads((ROOT / "examples" / "crds" / "archive.json").read_text())

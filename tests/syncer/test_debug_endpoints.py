@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import aiohttp
 import pytest
 
 from syncer.http import StatusServer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers import free_port
 
 
 def block_the_loop_for_a_while() -> None:

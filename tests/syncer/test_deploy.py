@@ -25,8 +25,9 @@ from informers.resource_filter import Rule
 from syncer.plugins import load_plugins
 from syncer.settings import load_settings
 from syncer.testing.controlplane import ControlPlane
-from tests.syncer.test_syncer import Sidecar
-from tests.test_webhooks_support import CA, free_port
+from tests.helpers import free_port
+from tests.sidecar import Sidecar
+from tests.tls import CA
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

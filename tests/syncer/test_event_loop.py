@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from syncer.cli import event_loop
 from syncer.settings import Settings
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 20
@@ -56,12 +56,6 @@ async def test_the_library_leaves_the_callers_loop_alone() -> None:
     assert type(asyncio.get_running_loop()).__module__.startswith("asyncio.")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize(("setting", "logged", "sig"), [
     ("", "event loop: uvloop ", signal.SIGTERM),
     ("", "event loop: uvloop ", signal.SIGINT),
@@ -80,7 +74,7 @@ def test_run_logs_its_loop_and_stops_on_signals(tmp_path: Path, setting: str, lo
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "c", "context": {"cluster": "closed", "user": "u"}}],
     }))
-    (tmp_path / "s.toml").write_text(f'kubeconfig = "{kubeconfig}"\nhttp_bind = "127.0.0.1:{_free_port()}"\n'
+    (tmp_path / "s.toml").write_text(f'kubeconfig = "{kubeconfig}"\nhttp_bind = "127.0.0.1:{free_port()}"\n'
                                      f'{setting}')
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCER_") and k != "KUBECONFIG"}
     proc = subprocess.Popen([sys.executable, "-m", "syncer", "run", "--settings", str(tmp_path / "s.toml")],

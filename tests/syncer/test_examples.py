@@ -20,10 +20,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import kubernetes
 
@@ -31,6 +30,7 @@ from informers.resource_filter import ResourceFilter
 from syncer.plugins import load_plugins
 from syncer.settings import load_settings
 from syncer.testing import ControlPlane
+from tests.sidecar import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,15 +133,6 @@ def test_example_settings_load_and_cover_the_plugins() -> None:
 
 
 # -- the plugin of "Write your own plugin", run by `syncer run` ---------------------------------------------
-def wait_until(check: Callable[[], Any], what: str, proc: subprocess.Popen[Any], log: Path,
-               timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc.poll() is not None:
-            raise AssertionError(f"syncer exited ({proc.returncode}) waiting for {what}:\n{log.read_text()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
 
 
 def controller_state(port: int, name: str) -> str:

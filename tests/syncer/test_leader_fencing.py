@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from informers import GVR, ApiClient, FenceError
 from syncer.leader import LeaderElector
 from syncer.settings import LeaderElection
 from syncer.testing.pytest_plugin import kube_client
+from tests.fenced_writes import Writes
 from tests.proxy import Proxy
-from tests.syncer.test_syncer import sidecars  # noqa: F401 (fixture)
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 CONFIGMAPS = GVR("", "v1", "configmaps")
@@ -39,40 +38,6 @@ async def elector_via_proxy(cp, config: LeaderElection, identity: str):
             yield LeaderElector(client, config, identity=identity), proxy
     finally:
         await proxy.stop()
-
-
-class Writes:
-    """Watches one ConfigMap in a thread and records the writer stamped on each modification, in order."""
-
-    def __init__(self, cp, name: str) -> None:
-        self.writers: list[str] = []
-        self._stop = threading.Event()
-        self._api = kubernetes.client.CoreV1Api(kube_client(cp))
-        self._name = name
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        rv = self._api.read_namespaced_config_map(self._name, "default").metadata.resource_version
-        while not self._stop.is_set():
-            w = kubernetes.watch.Watch()
-            for ev in w.stream(self._api.list_namespaced_config_map, "default", resource_version=rv,
-                               field_selector=f"metadata.name={self._name}", timeout_seconds=2):
-                rv = ev["object"].metadata.resource_version
-                writer = (ev["object"].metadata.annotations or {}).get("fence-test/writer")
-                if ev["type"] == "MODIFIED" and writer:
-                    self.writers.append(writer)
-                if self._stop.is_set():
-                    break
-
-    def after_first(self, writer: str) -> list[str]:
-        """Writers of every write that came after ``writer``'s first one."""
-        ws = list(self.writers)
-        return ws[ws.index(writer) + 1:] if writer in ws else []
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 def test_resumed_leader_writes_nothing_after_the_standby_took_over(control_plane_factory, sidecars) -> None:

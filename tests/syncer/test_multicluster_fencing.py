@@ -19,9 +19,9 @@ import kubernetes
 
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
-from tests.syncer.test_leader_fencing import Writes
-from tests.controllers.test_multicluster import kubeconfig
-from tests.syncer.test_syncer import Sidecar, sidecars  # noqa: F401 (fixture)
+from tests.fenced_writes import Writes
+from tests.fleet import kubeconfig
+from tests.sidecar import Sidecar
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 MEMBER = "w1"
@@ -57,7 +57,7 @@ def cluster_watches(cp: ControlPlane) -> int:
 
 def test_resumed_leader_writes_nothing_in_the_member_after_the_standby_took_over(
         control_plane: ControlPlane, control_plane_factory: Callable[[], ControlPlane], namespace: str,
-        sidecars: Callable[..., Sidecar]) -> None:  # noqa: F811
+        sidecars: Callable[..., Sidecar]) -> None:
     workload = control_plane_factory()
     with kube_client(workload) as k:
         kubernetes.client.CoreV1Api(k).create_namespaced_config_map(

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -35,18 +34,12 @@ from syncer.settings import Clusters, Settings
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
 
-from tests.helpers import CONFIGMAPS, eventually
-from tests.syncer.test_examples import wait_until
-from tests.controllers.test_multicluster import created, past
+from tests.fleet import created, past
+from tests.helpers import CONFIGMAPS, eventually, free_port
+from tests.sidecar import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = "/api/v1/namespaces/{}/secrets"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def put_member(api: ApiClient, namespace: str, name: str, kubeconfig: bytes,

@@ -23,7 +23,7 @@ from syncer.runtime import Syncer
 from syncer.settings import Settings
 from syncer.testing import ControlPlane
 
-from tests.test_webhooks_support import free_port
+from tests.helpers import free_port
 
 FAST = lambda: Backoff(initial=0.05, cap=0.1, jitter=0)  # noqa: E731
 

@@ -18,7 +18,7 @@ from typing import Any
 from informers import ApiClient
 from syncer.shards import ShardCoordinator
 from tests.helpers import eventually
-from tests.syncer.test_sharding import Recorder, config, unconverged
+from tests.shard_group import Recorder, config, unconverged
 
 REPLICAS, UNITS, ROUNDS = 4, 24, 3
 

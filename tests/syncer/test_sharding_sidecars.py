@@ -32,8 +32,8 @@ import kubernetes
 import pytest
 
 from syncer.testing.pytest_plugin import kube_client
-from tests.controllers.test_multicluster import kubeconfig
-from tests.syncer.test_syncer import Sidecar
+from tests.fleet import kubeconfig
+from tests.sidecar import Sidecar
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "shard_writer.py"
 UNITS = frozenset(f"m{i:02d}" for i in range(50))

@@ -4,99 +4,18 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Callable
 
 import kubernetes
-import pytest
 
 from syncer.testing.pytest_plugin import kube_client
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDGET_CRD = json.loads((ROOT / "examples" / "crds" / "widget.json").read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sidecar:
-    """One `syncer run` process with its own HTTP port and log file."""
-
-    def __init__(self, tmp_path: Path, kubeconfig: str, name: str = "a", extra: str = "",
-                 plugins: tuple[str, ...] = ("examples.plugins.widget_status",),
-                 settings: Callable[[int], str] | None = None) -> None:
-        """``settings``, if given, makes the whole settings file from the HTTP port instead (``kubeconfig``,
-        ``extra`` and ``plugins`` unused)."""
-        self.port = free_port()
-        self.log_path = tmp_path / f"{name}.log"
-        self.settings = tmp_path / f"{name}.toml"
-        self.settings.write_text(settings(self.port) if settings is not None else
-            f'kubeconfig = "{kubeconfig}"\nplugins = {json.dumps(list(plugins))}\n'
-            f'include = ["core/configmaps", "core/namespaces", "examples.kube-syncer.io/*"]\n'
-            f'http_bind = "127.0.0.1:{self.port}"\nshutdown_timeout = "10s"\n{extra}')
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "syncer", "run", "--settings", str(self.settings), "--identity", name],
-            cwd=ROOT, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except OSError:
-            return 0, ""
-
-    def status(self) -> dict:
-        code, body = self.get("/status")
-        return json.loads(body) if code == 200 else {}
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def wait(self, check, what: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sidecar exited ({self.proc.returncode}) waiting for {what}:\n{self.log}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}:\n{self.log[-3000:]}")
-            time.sleep(0.1)
-
-    def controller_state(self, name: str) -> str:
-        for c in self.status().get("controllers", []):
-            if c["name"] == name:
-                return c["state"]
-        return ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def sidecars(tmp_path):
-    started: list[Sidecar] = []
-
-    def start(*args, **kw) -> Sidecar:
-        s = Sidecar(tmp_path, *args, **kw)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.stop()
 
 
 def test_plugin_controller_follows_its_crd(control_plane_factory, sidecars) -> None:

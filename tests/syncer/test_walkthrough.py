@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.syncer.test_syncer import free_port
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_SETTINGS = "examples/settings.toml"

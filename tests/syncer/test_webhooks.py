@@ -37,7 +37,9 @@ from syncer.webhook.configuration import MANAGED_BY, MANAGED_BY_LABEL, PROBE_NAM
 from syncer.webhook.server import WebhookServer
 from syncer.webhook.service import WebhookService
 
-from tests.test_webhooks_support import CA, der_of, free_port, mount_secret, pem
+from tests.helpers import free_port
+from tests.sidecar import readyz, sidecar, status_of
+from tests.tls import CA, der_of, mount_secret, pem
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDGET_CRD = json.loads((ROOT / "examples" / "crds" / "widget.json").read_text())
@@ -534,30 +536,6 @@ def test_syncer_run_serves_the_example_plugin(cp: ControlPlane, tmp_path: Path) 
     assert "sidecar" not in names, "the sidecar deletes the configurations it wrote when it stops"
 
 
-@contextlib.contextmanager
-def sidecar(settings: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``syncer run`` with these settings, its output in ``log``; killed at the end of the block if still running."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "syncer", "run", "--settings", str(settings)], cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def readyz(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
-
-
 @pytest.mark.parametrize("election", [False, True], ids=["election-off", "election-on"])
 def test_a_fatal_exit_deletes_the_configurations_first(cp: ControlPlane, tmp_path: Path, election: bool) -> None:
     """SIGTERM with a runnable that ignores its cancellation ends in exit code 1; the `failurePolicy: Fail`
@@ -597,6 +575,3 @@ def test_a_fatal_exit_deletes_the_configurations_first(cp: ControlPlane, tmp_pat
         assert "leader election is off: no lease is held" in error, error
 
 
-def status_of(port: int) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5).read())
-    return doc

@@ -13,7 +13,7 @@ from syncer.plugins import PluginError, Plugins, load_plugins
 from syncer.settings import SettingsError, Webhooks, load_settings
 from syncer.webhook import AdmissionRequest, AdmissionRule, Allow, MutatingWebhook, ValidatingWebhook, Verdict
 
-from tests.test_webhooks_support import free_port
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = [AdmissionRule(["CREATE"], [""], ["v1"], ["configmaps"])]

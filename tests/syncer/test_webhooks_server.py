@@ -20,31 +20,28 @@ from syncer.webhook import AdmissionRequest, AdmissionRule, Allow, Deny, Mutatin
 from syncer.webhook.certificates import CertificateError, ServingCertificates
 from syncer.webhook.server import MAX_BODY, WebhookServer
 
-from tests.test_webhooks_support import CA, client_context, der_of, free_port, pem, review
+from tests.helpers import free_port
+from tests.tls import CA, client_context, der_of, pem
+from tests.webhook_server import Served
 
 RULES = [AdmissionRule(["CREATE"], ["examples.kube-syncer.io"], ["v1"], ["widgets"])]
+
+
+def review(uid: str = "uid-1", version: str = "v1", obj: Any = None, operation: str = "CREATE") -> bytes:
+    """An AdmissionReview request body for a Widget."""
+    return orjson.dumps({
+        "apiVersion": f"admission.k8s.io/{version}", "kind": "AdmissionReview",
+        "request": {"uid": uid, "operation": operation, "name": "w", "namespace": "default",
+                    "kind": {"group": "examples.kube-syncer.io", "version": "v1", "kind": "Widget"},
+                    "resource": {"group": "examples.kube-syncer.io", "version": "v1", "resource": "widgets"},
+                    "object": obj if obj is not None else {"metadata": {"name": "w"}, "spec": {"size": 1}},
+                    "userInfo": {"username": "tester"}, "dryRun": False},
+    })
 
 
 async def allow(request: AdmissionRequest) -> Verdict:
     return Allow(warnings=[f"seen {request.operation} {request.resource.resource} by "
                            f"{request.user_info['username']}"])
-
-
-class Served:
-    """A running WebhookServer and a client for it."""
-
-    def __init__(self, server: WebhookServer, ca_pem: bytes) -> None:
-        self.server, self.ca_pem = server, ca_pem
-        self.url = f"https://127.0.0.1:{server.port}"
-
-    async def post(self, path: str, body: bytes, content_type: str = "application/json",
-                   context: ssl.SSLContext | None = None, query: str = "") -> tuple[int, Any]:
-        connector = aiohttp.TCPConnector(ssl=context or client_context(self.ca_pem), force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            async with session.post(self.url + path + query, data=body,
-                                    headers={"Content-Type": content_type}) as resp:
-                raw = await resp.read()
-                return resp.status, orjson.loads(raw) if raw.startswith(b"{") else raw.decode()
 
 
 @pytest.fixture

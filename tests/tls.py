@@ -1,29 +1,21 @@
-"""Helpers of the webhook tests (no tests here): a small PKI written as a cert-manager Secret would be, free ports,
-and a TLS client of the webhook server."""
+"""Certificates for the TLS tests: a small CA issuing serving and client certificates, written as a cert-manager
+Secret is mounted, and a client TLS context trusting it."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
 import os
-import socket
 import ssl
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pem(cert: x509.Certificate) -> bytes:
@@ -106,13 +98,3 @@ def client_context(ca_pem: bytes, cert: Path | None = None, key: Path | None = N
     return context
 
 
-def review(uid: str = "uid-1", version: str = "v1", obj: Any = None, operation: str = "CREATE") -> bytes:
-    """An AdmissionReview request body for a Widget."""
-    return orjson.dumps({
-        "apiVersion": f"admission.k8s.io/{version}", "kind": "AdmissionReview",
-        "request": {"uid": uid, "operation": operation, "name": "w", "namespace": "default",
-                    "kind": {"group": "examples.kube-syncer.io", "version": "v1", "kind": "Widget"},
-                    "resource": {"group": "examples.kube-syncer.io", "version": "v1", "resource": "widgets"},
-                    "object": obj if obj is not None else {"metadata": {"name": "w"}, "spec": {"size": 1}},
-                    "userInfo": {"username": "tester"}, "dryRun": False},
-    })
