@@ -77,17 +77,20 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class Conflict:
     """A claim on cluster ``cluster`` that does not register it: ``kind`` and ``key`` name the claimant as status
-    shows it (e.g. ``secret`` ``fleet/east``), ``holder`` the source that holds the name ("" if none does)."""
+    shows it (e.g. ``secret`` ``fleet/east``), ``holder`` the source that holds the name ("" if none does);
+    ``claim`` the claimant in words (default ``<kind> <key>``, as a source reads: ``secret fleet/east``)."""
 
     kind: str
     key: str
     cluster: str
     holder: str
     message: str
+    claim: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form: ``{<kind>: key, "cluster", "message"}``."""
-        return {self.kind: self.key, "cluster": self.cluster, "message": self.message}
+        """JSON-ready form: ``{<kind>: key, "claim", "cluster", "message"}``."""
+        return {self.kind: self.key, "claim": self.claim or f"{self.kind} {self.key}", "cluster": self.cluster,
+                "message": self.message}
 
 
 Changed = Callable[[str], None]

@@ -78,9 +78,9 @@ class ProviderSet:
                     held[cluster] = provider, config
                     continue
                 holder, kept = held[cluster]
-                out.append(Conflict("source", config.source, cluster, kept.source,
+                out.append(Conflict("provider", provider.name, cluster, kept.source,
                                     f"cluster name {display_name(cluster)!r} is held by {kept.source} (provider "
-                                    f"{holder.name}, listed before {provider.name})"))
+                                    f"{holder.name}, listed before {provider.name})", claim=config.source))
         return out
 
     def status(self) -> dict[str, Any]:

@@ -73,6 +73,11 @@ class LeaderElector:
         _Collector.for_registry(REGISTRY).electors.add(self)
 
     @property
+    def lease(self) -> str:
+        """``namespace/name`` of the Lease."""
+        return f"{self.config.lease_namespace}/{self.config.lease_name}"
+
+    @property
     def observed_holder(self) -> str:
         """The holder of the lease as this candidate last saw it."""
         return self._observed.holder

@@ -39,6 +39,7 @@ from informers.client import CONNECTION_ERRORS
 from informers.errors import describe_error
 from informers.wait import wait_first
 
+from .leadership import Leadership, NoElection
 from .lease import default_identity
 from .plugins import Plugins
 from .runnables import Runnables, Stores
@@ -49,7 +50,6 @@ from .workload import Lifetime, Process
 if TYPE_CHECKING:
     # Imported where their mode starts (election on, webhooks declared, the server started): a process that
     # runs none of them does not pay for them (bench/RESULTS-imports.md).
-    from .leader import LeaderElector
     from .webhook.service import WebhookService
 
 __all__ = ["ControllersStuck", "StartupError", "Syncer", "sharding_refusal", "small_tls_read_buffers"]
@@ -92,11 +92,11 @@ class Syncer:
         self.plugins = plugins = Plugins.of(plugins)
         self.identity = identity or default_identity()
         self.ready = False
-        self.elector: LeaderElector | None = None
+        self.leadership: Leadership = NoElection()
         if settings.leader_election.enabled:
             from .leader import LeaderElector
 
-            self.elector = LeaderElector(client, settings.leader_election, self.identity)
+            self.leadership = LeaderElector(client, settings.leader_election, self.identity)
         self.supervisor = Supervisor("syncer")
         self.factory = local_factory(settings, client, self.supervisor)
         self.workload = build_workload(Process(settings, client, self.identity, self.supervisor, self.factory),
@@ -132,7 +132,7 @@ class Syncer:
             "ready": self.ready,
             "leader": self.leading,
             "leader_election": self.settings.leader_election.enabled,
-            "lease_holder": self.elector.observed_holder if self.elector else None,
+            "lease_holder": self.leadership.observed_holder,
             "gvrs": [s.as_dict() for s in self.factory.status()],
             "controllers": work.controllers if work.controllers is not None else
             [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.plugins.controllers],
@@ -259,23 +259,20 @@ class Syncer:
 
     async def _lead_while(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            fence: Fence = OPEN
-            if self.elector is not None:
-                self._log.info("waiting to become leader of lease {}/{}", self.settings.leader_election.lease_namespace,
-                               self.settings.leader_election.lease_name)
-                if not await _until(stop, self.elector.acquire()):
-                    return
-                fence = self.elector.fence()
+            leadership = self.leadership
+            if leadership.lease is not None:
+                self._log.info("waiting to become leader of lease {}", leadership.lease)
+            if not await _until(stop, leadership.acquire()):
+                return
             try:
                 # The term's work runs beside the lease renewal: a term that ends first cancels it, recovery too.
-                holding = [self.elector.hold()] if self.elector is not None else []
-                await wait_first(stop.wait(), *holding, self._lead(fence))
+                await wait_first(stop.wait(), leadership.hold(), self._lead(leadership.fence()))
             finally:
                 _LEADER.set(0)
                 stuck = await self._end_term()
                 if stuck:
                     self._stuck = stuck
-                    if self.elector is not None:
+                    if self.leadership.lease is not None:
                         message = (f"{', '.join(stuck)} did not stop within {self._stop_timeout():g}s of the end of "
                                    f"the leadership term; exiting so that no two leaders act ({self._kept_at_exit()})")
                     else:
@@ -287,9 +284,8 @@ class Syncer:
     def _kept_at_exit(self) -> str:
         """What an exit with stuck work leaves behind on purpose, and what it cleans up, for its error line."""
         kept = []
-        if self.elector is not None:
-            le = self.settings.leader_election
-            kept.append(f"the lease {le.lease_namespace}/{le.lease_name} is not released")
+        if self.leadership.lease is not None:
+            kept.append(f"the lease {self.leadership.lease} is not released")
         if any(name.startswith("unit ") for name in self._stuck):
             kept.append("the Leases of the stuck shard units are not released")
         if not kept:
@@ -324,8 +320,8 @@ class Syncer:
         if self.workload.lifetime is Lifetime.PROCESS:  # first: every unit is handed over before anything stops
             self._stuck += [n for n in await self.workload.stop() if n not in self._stuck]
         self._stuck += await self._end_term()
-        if self.elector is not None and not self._stuck:
-            await self.elector.release()
+        if not self._stuck:
+            await self.leadership.release()
         if self.webhooks is not None:
             await self.webhooks.stop()
         await self.factory.shutdown()

@@ -77,8 +77,9 @@ def _fleet_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
         (c["display_name"], c["state"], "yes" if c["ready"] else "no", c["source"], _problem(c))
         for c in doc["clusters"]]]
     if doc["conflicts"]:
-        tables.append([("CONFLICTING SECRET", "IGNORED BECAUSE")] + [(c["secret"], c["message"])
-                                                                     for c in doc["conflicts"]])
+        # A Secret's claim is shown by the Secret's key alone, as before there were other providers.
+        tables.append([("CONFLICTING CLAIM", "IGNORED BECAUSE")] + [(c.get("secret") or c["claim"], c["message"])
+                                                                    for c in doc["conflicts"]])
     if doc.get("fleet_controllers"):
         tables.append([("FLEET CONTROLLER", "GVR", "CLUSTERS", "RECONCILES", "ERRORS", "LAST ERROR")] + [
             (f["name"], f["gvr"], ",".join(display_name(n) for n in f["clusters"]) or "-", str(f["reconciles"]),

@@ -103,8 +103,9 @@ class KubeconfigFiles:
 
 @dataclass(frozen=True)
 class Clusters:
-    """Multi-cluster mode, table ``[clusters]``: member clusters come from kubeconfig Secrets on the cluster the
-    sidecar connects to (the management cluster), and the plugins' controllers run in each of them.
+    """Multi-cluster mode, table ``[clusters]``: member clusters come from the cluster providers (by default the
+    kubeconfig Secrets on the cluster the sidecar connects to, the management cluster), and the plugins'
+    controllers run in each of them.
 
     - ``enabled``: on (off: the plugins' controllers run in the one cluster the sidecar connects to).
     - ``providers``: where members come from, in precedence order (a cluster name two providers claim goes to

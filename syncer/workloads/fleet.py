@@ -1,5 +1,5 @@
-"""Fleet: with ``[clusters] enabled``, a leadership term runs a ``ClusterRegistry`` of the member clusters (from
-kubeconfig Secrets), a ControllerManager per member for the plugins' controllers (``ClusterControllers``), and
+"""Fleet: with ``[clusters] enabled``, a leadership term runs a ``ClusterRegistry`` of the member clusters (from the
+cluster providers), a ControllerManager per member for the plugins' controllers (``ClusterControllers``), and
 the plugins' fleet controllers and components over all members (``controllers/cluster_registry.py``,
 ``controllers/fleet.py``).
 

@@ -27,7 +27,8 @@ def test_the_first_provider_listed_holds_a_name_and_the_other_claim_is_a_conflic
     assert both.get("east") == first.configs["east"] and both.get("west") == second.configs["west"]
     assert both.names() == {"east", "west"}
     (conflict,) = both.conflicts()
-    assert (conflict.cluster, conflict.key, conflict.holder) == ("east", "cluster-api east", "secrets east")
+    assert (conflict.cluster, conflict.claim, conflict.holder) == ("east", "cluster-api east", "secrets east")
+    assert conflict.as_dict()["provider"] == "cluster-api"
     assert "listed before cluster-api" in conflict.message
     assert ProviderSet([second, first]).get("east") == second.configs["east"]  # the order decides, nothing else
     assert both.status() == {"secrets": {"clusters": 1}, "cluster-api": {"clusters": 2}}
