@@ -7,7 +7,7 @@ from .context import ControllerContext, ReconcileContext, ReconcileStats
 from .controller import Controller
 from .equality import semantic_equal
 from .events import EventRecorder, EventType
-from .fence import CLOSED, OPEN, Fence
+from .fence import OPEN, Fence
 from .finalizers import add_finalizer, has_finalizer, remove_finalizer
 from .manager import (
     CONTROLLER_NAME_PREFIX, ControllerManager, ControllerState, ControllerStatus, ManagedController,
@@ -28,7 +28,7 @@ from .upsert import OperationResult, create_or_patch, create_or_update
 from .workqueue import QueueShutDown, WorkQueue
 
 __all__ = [
-    "BucketRateLimiter", "CLOSED", "CONTROLLER_NAME_PREFIX", "Controller", "ControllerContext", "ControllerManager",
+    "BucketRateLimiter", "CONTROLLER_NAME_PREFIX", "Controller", "ControllerContext", "ControllerManager",
     "ControllerState", "ControllerStatus", "Fence", "ItemExponentialFailureRateLimiter", "ManagedController",
     "MaxOfRateLimiter", "OPEN", "QueueShutDown", "RateLimiter", "ReconcileStats", "Request", "Result",
     "TerminalError", "WorkQueue", "default_controller_rate_limiter",

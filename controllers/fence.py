@@ -34,18 +34,7 @@ class _Open:
         return math.inf
 
 
-class _Closed:
-    """The fence of work this process must not do (a cluster the shard gate gives to another replica)."""
-
-    def valid(self) -> bool:
-        return False
-
-    def remaining(self) -> float:
-        return 0.0
-
-
 OPEN: Fence = _Open()
-CLOSED: Fence = _Closed()
 
 
 def fenced(client: ApiClient, fence: Fence) -> ApiClient:
