@@ -14,7 +14,8 @@ import pytest
 from controllers import member
 from controllers.cluster import ClusterContext
 from controllers.cluster_registry import ClusterRegistry
-from controllers.member import MemberOptions
+from controllers.fence import OPEN
+from controllers.member import Member, MemberOptions, MemberState
 from controllers.provider import ClusterConfig, UntrustedKubeconfig
 from controllers.providers.secrets import SecretOptions, SecretProvider
 from controllers.fleet import FleetController, FleetLoop, _Feed, union_name
@@ -307,3 +308,17 @@ async def test_removal_during_an_engagement_calls_remove_cluster_once(registry: 
     assert log.events.count(("remove", "c1")) == 1
     assert sorted(e for e in log.events if e[0] == "cleanup") == [("cleanup", b"v1"), ("cleanup", b"v2")]
     await reg.stop()
+
+
+def test_a_member_moves_only_along_its_transitions() -> None:
+    m = Member(ClusterConfig("c1", "fake c1", UntrustedKubeconfig(b"v1")), OPEN)
+    with pytest.raises(RuntimeError, match="connecting -> ready"):
+        m.to(MemberState.READY)  # engaged without having synced
+    for state in (MemberState.DISCOVERING, MemberState.SYNCING, MemberState.READY, MemberState.SUPERSEDED):
+        m.to(state)
+    assert m.settled.is_set() and not m.ending
+    m.to(MemberState.STOPPING)
+    with pytest.raises(RuntimeError, match="stopping -> stopping"):
+        m.to(MemberState.STOPPING)  # a second cancellation would cut the teardown short
+    m.to(MemberState.STOPPED)
+    assert m.ending
