@@ -67,9 +67,9 @@ async def main(members: int, idle: float) -> None:
     try:
         async with ApiClient.from_kubeconfig(str(cp.kubeconfig)) as api:
             contenders = {"old intervals": _setup(api, "old", 15.0, 60.0),
-                          "defaults": _setup(api, "new", RegistryOptions().probe_interval, 600.0)}
+                          "defaults": _setup(api, "new", MemberOptions().probe_interval, 600.0)}
             for label, (registry, _) in contenders.items():
-                ns = registry.options.namespaces[0]
+                ns = registry.name  # its Secret namespace (see _setup)
                 await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
                 for i in range(members):
                     body = {"metadata": {"name": f"m{i}", "labels": {"kube-syncer.io/kubeconfig": "true"}},

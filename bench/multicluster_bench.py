@@ -85,7 +85,9 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
     from controllers import Controller, ManagedController
     from controllers.cluster import display_name
     from controllers.cluster_controllers import ClusterControllers
-    from controllers.cluster_registry import ClusterRegistry, RegistryOptions
+    from controllers.cluster_registry import ClusterRegistry
+    from controllers.member import MemberOptions
+    from controllers.providers.secrets import SecretOptions, SecretProvider
     from informers import DiscoveringDynamicSharedInformerFactory, ResourceFilter
     from syncer.logs import setup_logging
     from syncer.runtime import small_tls_read_buffers
@@ -130,8 +132,9 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
 
     controllers = {"bench": ManagedController([CONFIGMAPS, SECRETS, WIDGETS], create)}
     api = ApiClient.from_kubeconfig(kubeconfig)
-    registry = ClusterRegistry(api, RegistryOptions(namespaces=(namespace,), sync_timeout=s.clusters.sync_timeout,
-                                                    probe_interval=s.clusters.probe_interval),
+    registry = ClusterRegistry(api, [SecretProvider(api, SecretOptions(namespaces=(namespace,)))],
+                               MemberOptions(sync_timeout=s.clusters.sync_timeout,
+                                             probe_interval=s.clusters.probe_interval),
                                required={g for c in controllers.values() for g in c.required_gvrs},
                                make_factory=member_factory)
     per_cluster = ClusterControllers(controllers, name="bench", workers=s.workers, resync_period=s.resync or None,
