@@ -93,7 +93,10 @@ class ProviderSet:
 
     async def start(self, on_change: Callable[[str], None]) -> None:
         """Start every provider; ``on_change(name)`` is called (from one task, one name at a time) for each name
-        whose config may have changed, once all have listed. A failing call is retried with backoff."""
+        whose config may have changed, once all have listed. A failing call is retried with backoff. A second
+        call does nothing; one after ``stop()`` is refused: a set of providers runs once (build a new registry)."""
+        if self._loop.state in ("stopping", "stopped"):
+            raise RuntimeError(f"{self.name}: the cluster providers were stopped; they run once")
         if self._started:
             return
         self._started = True
@@ -108,7 +111,6 @@ class ProviderSet:
         await self._supervisor.cancel(f"{self.name} providers")
         await self._loop.stop()
         await asyncio.gather(*(p.stop() for p in self.providers))
-        self._started = False
 
     async def _work(self, _: TaskHandle) -> None:
         if not self._listed:

@@ -76,3 +76,14 @@ async def test_engage_all_engages_what_the_view_gives_and_disengages_what_it_no_
     coordinator.changed("a")
     coordinator.changed("gone")
     assert calls == [("engage", "a"), ("disengage", "gone")]
+
+
+async def test_a_stopped_set_is_not_started_again() -> None:
+    both = ProviderSet([fake("p", {"a": b"1"})])
+    seen: list[str] = []
+    await both.start(seen.append)
+    await both.start(seen.append)  # a second start does nothing
+    await eventually(lambda: seen == ["a"], 5, "a passed on once")
+    await both.stop()
+    with pytest.raises(RuntimeError, match="run once"):
+        await both.start(seen.append)
