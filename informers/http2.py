@@ -32,6 +32,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hpack
 
 STREAM_WINDOW = 4 << 20
 CONNECTION_WINDOW = 1 << 30
@@ -39,6 +40,8 @@ _MAX_FRAME = 256 << 10
 # A consumed window is handed back once this much of it is used: one WINDOW_UPDATE per quarter, not per frame.
 _STREAM_REFRESH = STREAM_WINDOW // 4
 _CONNECTION_REFRESH = 16 << 20
+# Header fields sent as never-indexed (RFC 7541 §7.1.3): a credential is kept out of both sides' HPACK tables.
+_SECRET_FIELDS = frozenset({"authorization", "proxy-authorization", "cookie"})
 
 
 class H2Connection(asyncio.Protocol):
@@ -137,7 +140,12 @@ class H2Connection(asyncio.Protocol):
             raise ConnectionResetError("the server sent GOAWAY before the request was sent")
         fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", self._authority),
                   (b":path", path.encode())]
-        fields += [(k.lower().encode(), v.encode()) for k, v in headers.items() if k.lower() != "host"]
+        for k, v in headers.items():
+            name = k.lower()
+            if name in _SECRET_FIELDS:
+                fields.append(hpack.NeverIndexedHeaderTuple(name.encode(), v.encode()))
+            elif name != "host":
+                fields.append((name.encode(), v.encode()))
         if body is not None:
             fields.append((b"content-length", str(len(body)).encode()))
         if guard is not None:
@@ -426,11 +434,37 @@ class _DrainingH2(h2.connection.H2Connection):
     shutdown sends GOAWAY before its open watches end.
     """
 
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        self.encoder = _Encoder()
+
     def _receive_goaway_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
         frames, events = super()._receive_goaway_frame(frame)
         if frame.error_code == h2.errors.ErrorCodes.NO_ERROR:
             self.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
         return frames, events
+
+
+class _Encoder(hpack.Encoder):
+    """hpack's encoder, with the encodings of never-indexed fields kept: such a field is never added to the
+    dynamic table and its name is in the static one, so its encoding depends on nothing but the field, and the
+    credential sent on every request is Huffman-coded once, not once a request. (It also keeps hpack's debug
+    line, which names the field, from being made for it.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sensitive: dict[tuple[bytes, bytes, bool], bytes] = {}
+
+    def add(self, to_add: tuple[bytes, bytes], sensitive: bool, huffman: bool = False) -> bytes:
+        if not sensitive:
+            return super().add(to_add, sensitive, huffman)
+        key = (*to_add, huffman)
+        encoded = self._sensitive.get(key)
+        if encoded is None:
+            if len(self._sensitive) >= 8:  # a rotated credential: the old one's encoding is no longer needed
+                self._sensitive.clear()
+            encoded = self._sensitive[key] = super().add(to_add, sensitive, huffman)
+        return encoded
 
 
 class _Stream:

@@ -1,19 +1,76 @@
-"""Logging: loguru for our logs and, intercepted, for the standard-library logs of dependencies."""
+"""Logging: loguru for our logs and, intercepted, for the standard-library logs of dependencies.
+
+No credential may reach a log line, whoever wrote it. Two rules keep it so:
+
+- The libraries that see requests on the wire (``WIRE_LIBRARIES``: the HTTP/2 and HPACK codecs, the HTTP clients,
+  the kubernetes package) stay at WARNING whatever ``log_level`` says; only the ``log_libraries`` setting lowers
+  one, by name. hpack's DEBUG lines carry every header block sent, the Authorization field included.
+- Every line is redacted as it is written (``redact``), the message, its extras and any traceback alike:
+  Authorization, Proxy-Authorization and Cookie values, bearer and basic credentials, PEM blocks (and their
+  base64 form, as a kubeconfig's ``*-data`` fields hold them) and ``token``/``password``-like fields are masked.
+  A binary argument of a wire library's record (an encoded header block, a frame) is shown as its length only:
+  Huffman-coded text is no less readable than plain text to anyone who decodes it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 import traceback
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import orjson
 from loguru import logger
 
-# Libraries that log request details (possibly credentials) at DEBUG: never below INFO.
-_QUIET = ("kubernetes", "urllib3", "aiohttp.client")
+# Loggers (and their children) held at WARNING unless ``log_libraries`` names them.
+WIRE_LIBRARIES = ("hpack", "h2", "hyperframe", "aiohttp", "urllib3", "requests", "requests_oauthlib", "oauthlib",
+                  "kubernetes", "websocket", "httpx", "httpcore")
 _STDLIB_LEVELS = {"TRACE": 5, "DEBUG": 10, "INFO": 20, "SUCCESS": 25, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+MASK = "<redacted>"
+
+# A header name and its separator, as the libraries print it: ``Authorization: x``, ``'authorization': 'x'``,
+# ``b'authorization'=b'x'``, ``"cookie":"x"``; the value runs to its closing quote or the end of the line.
+_HEADER = re.compile(
+    r"""(?P<key>\b(?:proxy-)?authorization|\b(?:set-)?cookie)(?P<sep>\\?['"]?\s*[:=,]\s*(?:(?-i:b)(?=['"]))?)"""
+    r"""(?:(?P<q>\\?['"])(?:(?!(?P=q))(?:\\.|.))*(?P=q)?|[^\r\n,;}\]]+)""", re.IGNORECASE)
+_SCHEME = re.compile(r"\b(?P<key>[Bb]earer|Basic|BEARER|BASIC)(?P<sep>\s+)[A-Za-z0-9\-._~+/=:]{6,}")
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|$)", re.DOTALL)
+_PEM_BASE64 = re.compile(r"LS0tLS1CRUdJTi[A-Za-z0-9+/=\\n]*")  # base64 of "-----BEGIN"
+_FIELD = re.compile(
+    r"""(?P<key>\b[\w-]*(?:token|password|passwd|secret|client[-_]key[-_]data|client[-_]certificate[-_]data))"""
+    r"""(?P<sep>\\?['"]?\s*[:=]\s*(?:(?-i:b)(?=['"]))?)(?:(?P<q>\\?['"])(?:(?!(?P=q))(?:\\.|.))*(?P=q)|[^\s,;}\]'"]+)""",
+    re.IGNORECASE)
+
+
+def _masked(match: re.Match[str]) -> str:
+    quote = match.groupdict().get("q") or ""
+    return f"{match['key']}{match['sep']}{quote}{MASK}{quote}"
+
+
+def redact(text: str) -> str:
+    """``text`` with every credential-looking value replaced by ``MASK``."""
+    if not text:
+        return text
+    text = _PEM.sub(MASK, text)
+    text = _PEM_BASE64.sub(MASK, text)
+    text = _HEADER.sub(_masked, text)
+    text = _SCHEME.sub(lambda m: f"{m['key']}{m['sep']}{MASK}", text)
+    return _FIELD.sub(_masked, text)
+
+
+def _wire(name: str) -> bool:
+    return any(name == lib or name.startswith(lib + ".") for lib in WIRE_LIBRARIES)
+
+
+def _shown(arg: Any) -> Any:
+    """A wire library's argument as it may be shown: bytes only when they are short printable text."""
+    if isinstance(arg, (bytes, bytearray, memoryview)):
+        data = bytes(arg)
+        if len(data) > 256 or not all(32 <= b < 127 for b in data):
+            return f"<{len(data)} bytes>"
+    return arg
 
 
 class _Intercept(logging.Handler):
@@ -24,7 +81,11 @@ class _Intercept(logging.Handler):
             level: str | int = logger.level(record.levelname).name
         except ValueError:
             level = record.levelno
-        logger.bind(logger_name=record.name).opt(depth=6, exception=record.exc_info).log(level, record.getMessage())
+        if record.args and _wire(record.name):
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.args = tuple(_shown(a) for a in args)
+        message = record.getMessage()
+        logger.bind(logger_name=record.name).opt(depth=6, exception=record.exc_info).log(level, message)
 
 
 def _json_sink(message: Any) -> None:
@@ -34,7 +95,11 @@ def _json_sink(message: Any) -> None:
     line.update((k, str(v)) for k, v in r["extra"].items() if k != "logger_name")
     if r["exception"] is not None:
         line["exception"] = "".join(traceback.format_exception(*r["exception"]))
-    sys.stderr.write(orjson.dumps(line).decode() + "\n")
+    sys.stderr.write(redact(orjson.dumps(line).decode()) + "\n")
+
+
+def _text_sink(message: Any) -> None:
+    sys.stderr.write(redact(str(message)))
 
 
 def _text_format(record: Any) -> str:
@@ -44,24 +109,37 @@ def _text_format(record: Any) -> str:
         "\n{exception}"
 
 
-def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+def setup_logging(level: str = "INFO", fmt: str = "text", libraries: Mapping[str, str] | None = None) -> None:
     """Configure loguru (text or JSON lines on stderr) and route standard-library logging through it.
 
-    ``level`` is a loguru level name in any case (``debug``, ``INFO``).
+    ``level`` is a loguru level name in any case (``debug``, ``INFO``); ``libraries`` maps standard-library
+    logger names to their own levels (the only way to lower one of ``WIRE_LIBRARIES`` below WARNING).
     """
     level = level.upper()
+    levels = {name: _STDLIB_LEVELS[lib_level.upper()] for name, lib_level in (libraries or {}).items()}
+    ours = _STDLIB_LEVELS.get(level, logging.INFO)
+    # The sink takes the lowest level asked for; our own records (not intercepted) are held to ``level``.
+    floor = min([ours, *levels.values()])
+
+    def ours_at_level(record: Any) -> bool:
+        return "logger_name" in record["extra"] or record["level"].no >= ours
+
     logger.remove()
     if fmt == "json":
-        logger.add(_json_sink, level=level)
+        logger.add(_json_sink, level=floor, filter=ours_at_level)
     else:
-        logger.add(sys.stderr, level=level, colorize=False, backtrace=False, diagnose=False, format=_text_format)
-    logging.basicConfig(handlers=[_Intercept()], level=_STDLIB_LEVELS.get(level, logging.INFO), force=True)
-    for name in _QUIET:
-        logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
+        logger.add(_text_sink, level=floor, filter=ours_at_level, colorize=False, backtrace=False, diagnose=False,
+                   format=_text_format)
+    logging.basicConfig(handlers=[_Intercept()], level=ours, force=True)
+    for name in WIRE_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for name, library_level in levels.items():
+        logging.getLogger(name).setLevel(library_level)
 
 
 @contextlib.contextmanager
-def logs_after(level: str = "INFO", fmt: str = "text") -> Iterator[None]:
+def logs_after(level: str = "INFO", fmt: str = "text",
+               libraries: Mapping[str, str] | None = None) -> Iterator[None]:
     """Configure logging as ``setup_logging`` does, but hold back what the block logs until it ends: a command
     whose output is a document (``check-config``) shows its warnings after it, not in the middle of it."""
     held: list[Any] = []
@@ -70,7 +148,7 @@ def logs_after(level: str = "INFO", fmt: str = "text") -> Iterator[None]:
     try:
         yield
     finally:
-        setup_logging(level, fmt)
+        setup_logging(level, fmt, libraries)
         for message in held:
             record = message.record
             logger.patch(_as_at(record)).opt(exception=record["exception"]).log(record["level"].name,

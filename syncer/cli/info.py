@@ -20,7 +20,7 @@ from .common import client_of, discover, plugins_of, print_table, refuse_fleet_w
 def cmd_check_config(args: argparse.Namespace) -> int:
     """``syncer check-config``: the checks ``run`` makes before it connects, and their report."""
     settings = settings_of(args)
-    with logs_after(settings.log_level, settings.log_format):
+    with logs_after(settings.log_level, settings.log_format, settings.log_libraries):
         return _check_config(args, settings)
 
 

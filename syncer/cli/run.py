@@ -39,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     count = cluster_count(args)
     settings = settings_of(args)
-    setup_logging(settings.log_level, settings.log_format)
+    setup_logging(settings.log_level, settings.log_format, settings.log_libraries)
     controllers = plugins_of(settings)
     refuse_fleet_with_sharding(settings, controllers)
     planes: list[Any] = []

@@ -63,6 +63,20 @@ def _field_selectors(value: Any, done: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _log_libraries(value: Any, done: Mapping[str, Any]) -> dict[str, str]:
+    expect = (f"a table of standard-library logger name = level ([log_libraries] hpack = \"DEBUG\"), each level "
+              f"one of {', '.join(LOG_LEVELS)} (any case)")
+    if not isinstance(value, dict):
+        raise Invalid(expect)
+    out = {}
+    for name, level in value.items():
+        known = next((v for v in LOG_LEVELS if isinstance(level, str) and level.strip().upper() == v), None)
+        if not str(name).strip() or known is None:
+            raise Invalid(expect, f"{name} = {level!r} is not a logger name and a level")
+        out[str(name).strip()] = known
+    return out
+
+
 def _plugin_tables(value: Any, done: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     expect = "a table of per-plugin tables ([plugin_settings.<plugin name>])"
     if not isinstance(value, dict):
@@ -152,6 +166,7 @@ CHECKS: dict[str, Check] = {
     "http_bind": host_port,
     "log_level": choice(LOG_LEVELS),
     "log_format": choice(("text", "json")),
+    "log_libraries": _log_libraries,
     "shutdown_timeout": duration(),
     "start_timeout": duration(),
     "uvloop": boolean,

@@ -209,7 +209,10 @@ class Settings:
       informer resync period (``0`` = off); ``check_permissions``: skip GVRs the credentials cannot list/watch.
     - ``workers``: reconcile workers per controller, 1 to ``MAX_WORKERS``.
     - ``http_bind``: ``host:port`` (port 1-65535) of the probes, ``/metrics`` and ``/status``.
-    - ``log_level`` (any case of ``LOG_LEVELS``), ``log_format`` (``text`` or ``json``).
+    - ``log_level`` (any case of ``LOG_LEVELS``), ``log_format`` (``text`` or ``json``); ``log_libraries``: the
+      level of named standard-library loggers. The libraries that see requests on the wire (hpack, h2, aiohttp,
+      urllib3, kubernetes, ...) log at WARNING whatever ``log_level`` says unless named here; every line is
+      redacted of credentials either way.
     - ``shutdown_timeout``: the bound on a graceful stop; ``start_timeout``: the bound on starting the
       controllers after becoming leader.
     - ``uvloop``: run ``syncer run`` on uvloop when it is installed (off: the standard asyncio loop).
@@ -242,6 +245,7 @@ class Settings:
     http_bind: str = "127.0.0.1:8080"
     log_level: str = "INFO"
     log_format: str = "text"
+    log_libraries: dict[str, str] = field(default_factory=dict)
     shutdown_timeout: float = 20.0
     start_timeout: float = 60.0
     uvloop: bool = True

@@ -335,3 +335,50 @@ async def test_a_fence_closing_while_a_write_waits_for_its_http1_connection_send
         assert received == ["GET /version"]
     finally:
         await runner.cleanup()
+
+
+async def test_credentials_are_sent_never_indexed(monkeypatch) -> None:
+    """Authorization goes out as a never-indexed field (RFC 7541 §7.1.3) on every request, so it is in neither
+    side's HPACK table; other repeated fields are indexed as before."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    import hpack
+
+    from informers.http2 import H2Connection
+
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+    server.initiate_connection()
+    wires: list[_Wire] = []
+
+    async def connect(cls: type[H2Connection], *args: object, **kwargs: object) -> H2Connection:
+        conn = cls("127.0.0.1:1", 30.0, 15.0, 90.0)
+        wires.append(_Wire(conn))
+        conn.connection_made(wires[-1])
+        conn.data_received(server.data_to_send())
+        return conn
+
+    monkeypatch.setattr(H2Connection, "connect", classmethod(connect))
+    conf = _unreachable()
+    conf.api_key = {"authorization": "Bearer planted-token"}
+    received: list[Any] = []
+    async with ApiClient(conf, http2=True) as client:
+        requests = [asyncio.create_task(client.request("GET", "/version")) for _ in range(3)]
+
+        def arrived() -> bool:
+            if wires:
+                received.extend(e for e in server.receive_data(bytes(wires[0].written))
+                                if isinstance(e, h2.events.RequestReceived))
+                wires[0].written.clear()
+            return len(received) == 3
+
+        await eventually(arrived, 5, "three requests")
+        for request in requests:
+            request.cancel()
+        await asyncio.gather(*requests, return_exceptions=True)
+    for event in received:
+        [auth] = [h for h in event.headers if h[0] == b"authorization"]
+        assert isinstance(auth, hpack.NeverIndexedHeaderTuple) and auth[1] == b"Bearer planted-token"
+        assert all(isinstance(h, hpack.HeaderTuple) for h in event.headers)
+    assert all(name != b"authorization" for name, _ in server.decoder.header_table.dynamic_entries)
+    assert any(name == b"user-agent" for name, _ in server.decoder.header_table.dynamic_entries)
