@@ -14,7 +14,7 @@ time of all threads, established TCP connections):
 - ``ours``: this file with ``--runner``: a ClusterRegistry on the management plane and ClusterControllers
   running one per-cluster Controller (``for_`` ConfigMaps, ``watches`` Secrets and Widgets, a reconcile that
   only notes its first call), built as ``syncer run`` builds multi-cluster mode with default settings: its loop
-  (``syncer.cli.event_loop``: uvloop when importable), ``small_tls_read_buffers()``, the member factory of
+  (``syncer.cli.event_loop``: uvloop when importable; ``tune_gc``), ``small_tls_read_buffers()``, the member factory of
   ``Syncer._member_factory`` (watch ``required``, CRD/APIService triggers, a safety-net pass every 10 min,
   informer metrics on one registry labelled by cluster), a probe only after 5 min without a word from a member,
   2 workers, INFO logs to a file. Not included: the sidecar's HTTP server and the
@@ -70,11 +70,12 @@ def emit(event: str, **fields: Any) -> None:
 
 # -- the runner of ours (a subprocess) ------------------------------------------------------------------------
 def runner_main(kubeconfig: str, namespace: str) -> None:
-    from syncer.cli import event_loop
+    from syncer.cli import event_loop, tune_gc
     from syncer.settings import Settings
 
     settings = Settings()
     loop_factory, note = event_loop(settings)
+    tune_gc()
     with asyncio.Runner(loop_factory=loop_factory) as runner:  # as cmd_run does
         runner.run(_runner(kubeconfig, namespace, settings, note))
 

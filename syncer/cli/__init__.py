@@ -15,10 +15,10 @@ from ..settings import SETTINGS_ENV
 from .common import EXIT_USAGE, Unreachable, UsageError
 from .info import cmd_check_config, cmd_discover, cmd_settings, cmd_version
 from .local import LOCAL_CLUSTERS_NAMESPACE
-from .run import cmd_controlplane, cmd_run, event_loop
+from .run import cmd_controlplane, cmd_run, event_loop, tune_gc
 from .status import cmd_status
 
-__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "event_loop", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "event_loop", "main", "tune_gc"]
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
