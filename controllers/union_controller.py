@@ -175,7 +175,7 @@ class UnionController:
         if sub is None:
             if key not in self._waiting:
                 self._waiting.add(key)
-                self._log.info("{}: no informer for record {} yet; retrying with backoff", self.name, key)
+                self._log.info("no informer for record {} yet; retrying with backoff", key)
             return False
         self._waiting.discard(key)
         if joined is not None and sub is joined.sub:  # the factory gave the same sub again
@@ -194,9 +194,9 @@ class UnionController:
         self._subs[key] = _Joined(sub, identity)
         sub.start()
         if joined is None:
-            self._log.info("{}: record {} joins the union", self.name, key)
+            self._log.info("record {} joins the union", key)
         else:
-            self._log.info("{}: record {} changed; its new informer replaces the old one", self.name, key)
+            self._log.info("record {} changed; its new informer replaces the old one", key)
             await self._stop(joined.sub)
         return True
 
@@ -204,20 +204,25 @@ class UnionController:
     async def _handle(self, key: str) -> Result | None:
         return None if await self.sync_once(key) else Result(requeue=True)
 
-    def _key_of(self, record: Obj) -> str | None:
+    def _key_of(self, record: Obj, log: bool = False) -> str | None:
+        """The record's key, or None (logged if ``log``) when the key function raises or gives no non-empty string:
+        the index function calls it too, and must not raise into the records informer."""
         try:
             key = self._key(record)
-        except Exception:
-            return None
-        return key if isinstance(key, str) and key else None
+        except Exception as e:
+            key, problem = None, f"its key function raised {type(e).__name__}: {e}"
+        else:
+            problem = f"its key function gave {key!r}, not a non-empty string"
+        if isinstance(key, str) and key:
+            return key
+        if log:
+            self._log.warning("record {} is left out: {}", object_key(record), problem)
+        return None
 
     def _enqueue(self, record: Obj) -> None:
-        key = self._key_of(record)
-        if key is None:
-            self._log.warning("{}: record {} is left out: its key function raised or gave no non-empty string",
-                              self.name, object_key(record))
-            return
-        self.queue.add(key)
+        key = self._key_of(record, log=True)
+        if key is not None:
+            self.queue.add(key)
 
     def _on_update(self, old: Obj, new: Obj) -> None:
         self._enqueue(old)  # its key may have changed: the key it gave must learn that the record left it
@@ -235,7 +240,7 @@ class UnionController:
             return found[0] if found else None
         found.sort(key=lambda r: (r["metadata"].get("creationTimestamp") or "", object_key(r)))
         if warn:
-                self._log.warning("{}: records {} all give key {}; the oldest, {}, holds it", self.name,
+            self._log.warning("records {} all give key {}; the oldest, {}, holds it",
                               ", ".join(object_key(r) for r in found), key, object_key(found[0]))
         return found[0]
 
@@ -250,7 +255,7 @@ class UnionController:
         if joined is not None:
             await self._union.remove(key)
             await self._stop(joined.sub)
-            self._log.info("{}: record {} is gone; its informer left the union", self.name, key)
+            self._log.info("record {} is gone; its informer left the union", key)
 
     async def _stop(self, sub: ManagedSub) -> None:
         await sub.stop()
@@ -266,6 +271,6 @@ class UnionController:
         self._subs.clear()
         for result in await asyncio.gather(*(self._stop(s) for s in list(self._made)), return_exceptions=True):
             if isinstance(result, Exception):
-                self._log.opt(exception=result).error("{}: stopping an informer failed", self.name)
+                self._log.opt(exception=result).error("stopping an informer failed")
         self._records.remove_indexers([self._index])
         self._indexed = False
