@@ -53,7 +53,7 @@ from informers.union_informer import SubInformer, UnionInformer
 from .context import ReconcileStats
 from .keyed_loop import KeyedLoop
 from .metrics import reconcile_metrics
-from .ratelimiter import RateLimiter
+from .ratelimiter import ItemExponentialFailureRateLimiter, RateLimiter
 from .reconcile import Result
 from .workqueue import WorkQueue
 
@@ -89,7 +89,9 @@ class UnionController:
 
     ``name`` names the union (its metrics), the work queue, the reconcile metrics (on ``metrics_registry``, the
     global one by default) and the log lines; ``stats`` counts the syncs (the context's ``reconcile_stats`` under a
-    ControllerManager). A controller runs once.
+    ControllerManager). ``rate_limiter`` paces a key's retries: by default 5 ms doubling up to 60 s, not client-go's
+    1000 s, so that a record waiting on something else (a Secret not created yet) joins within a minute of it.
+    A controller runs once.
     """
 
     def __init__(
@@ -100,7 +102,8 @@ class UnionController:
     ) -> None:
         self.name = name
         self.stats = stats if stats is not None else ReconcileStats()
-        self.queue: WorkQueue[str] = WorkQueue(name, rate_limiter, metrics_registry)
+        self.queue: WorkQueue[str] = WorkQueue(name, rate_limiter or ItemExponentialFailureRateLimiter(0.005, 60.0),
+                                               metrics_registry)
         self._records, self._key, self._factory, self._identity = records, key, factory, identity
         self._union = UnionInformer(name, metrics_registry=metrics_registry)
         self._metrics_registry = metrics_registry
@@ -139,13 +142,15 @@ class UnionController:
                          metrics=reconcile_metrics(self.name, self._metrics_registry), log=self._log,
                          action="sync of record {}")
         self._state = "running"
-        self._ensure_index()
-        self._registration = self._records.add_event_handler(FuncHandler(
-            lambda obj, _initial: self._enqueue(obj), self._on_update,
-            lambda obj: self._enqueue(obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj)), name=self.name)
         try:
+            self._ensure_index()
+            self._registration = self._records.add_event_handler(FuncHandler(
+                lambda obj, _initial: self._enqueue(obj), self._on_update,
+                lambda obj: self._enqueue(obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj)),
+                name=self.name)
             await loop.run()
         finally:
+            await loop.stop()  # its queue, when the loop never ran
             cleanup = asyncio.ensure_future(self._shutdown())
             try:
                 await asyncio.shield(cleanup)
@@ -192,12 +197,16 @@ class UnionController:
             await self._stop(sub)
             raise
         self._subs[key] = _Joined(sub, identity)
-        sub.start()
-        if joined is None:
-            self._log.info("record {} joins the union", key)
-        else:
-            self._log.info("record {} changed; its new informer replaces the old one", key)
-            await self._stop(joined.sub)
+        try:
+            sub.start()
+        except Exception:  # a factory that handed over a stopped informer, say: take it out, retry
+            await self._leave(key)
+            raise
+        finally:
+            if joined is not None:
+                await self._stop(joined.sub)
+        self._log.info("record {} joins the union" if joined is None else
+                       "record {} changed; its new informer replaces the old one", key)
         return True
 
     # -- internals ---------------------------------------------------------------------------------------

@@ -45,10 +45,11 @@ class Factory:
         self.api = api
         self.not_yet: set[str] = set()
         self.failing: set[str] = set()
+        self.stopped: set[str] = set()  # hand over an informer already stopped (start() raises)
         self.calls: list[str] = []
         self.made: list[Sub] = []
 
-    def __call__(self, record: Obj) -> Sub | None:
+    async def __call__(self, record: Obj) -> Sub | None:
         name, data = record["metadata"]["name"], record["data"]
         self.calls.append(name)
         if name in self.not_yet:
@@ -60,6 +61,8 @@ class Factory:
         else:
             sub = Sub(self.api, data["namespace"])
         self.made.append(sub)
+        if name in self.stopped:
+            await sub.stop()
         return sub
 
 
@@ -273,13 +276,18 @@ async def test_sync_once_without_run_follows_the_records_cache(api: ApiClient, h
         h.records.start()
         await put(api, h.ns, "a", namespace=target)
         await eventually(lambda: h.records.lister.get("a", h.ns) is not None, 10)
+        h.factory.stopped.add("a")
+        with pytest.raises(RuntimeError, match="stopped"):
+            await h.controller.sync_once("a")
+        assert h.union.clusters() == [] and h.factory.made[0].registrations == []
+        h.factory.stopped.clear()
         assert await h.controller.sync_once("a") and h.union.clusters() == ["a"]
-        assert await h.controller.sync_once("a") and len(h.factory.made) == 1
+        assert await h.controller.sync_once("a") and len(h.factory.made) == 2
         assert await h.controller.sync_once("nothing") and h.union.clusters() == ["a"]
         await delete(api, h.ns, "a")
         await eventually(lambda: h.records.lister.get("a", h.ns) is None, 10)
         assert await h.controller.sync_once("a") and h.union.clusters() == []
-        assert h.factory.made[0].stopped
+        assert all(s.stopped for s in h.factory.made)
         h.records.remove_indexers([h.controller._index])
 
 
