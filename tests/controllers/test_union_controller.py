@@ -67,14 +67,16 @@ class Factory:
 
 
 class Seen:
-    """A union handler: ``(cluster, name) -> initial`` of every add, and the deletes."""
+    """A union handler: ``(cluster, name) -> initial`` of every add, the names added in order, and the deletes."""
 
     def __init__(self) -> None:
         self.adds: dict[tuple[str, str], bool] = {}
+        self.order: list[str] = []
         self.deletes: set[tuple[str, str]] = set()
 
     def on_add(self, obj: Obj, is_in_initial_list: bool, cluster: str) -> None:
         self.adds[(cluster, obj["metadata"]["name"])] = is_in_initial_list
+        self.order.append(obj["metadata"]["name"])
 
     def on_delete(self, obj: Any, cluster: str) -> None:
         self.deletes.add((cluster, (obj.obj if hasattr(obj, "obj") else obj)["metadata"]["name"]))
@@ -203,17 +205,30 @@ async def test_a_changed_record_swaps_its_informer_at_once_and_only_when_its_ide
         await eventually(lambda: h.controller.ready() and h.union.clusters() == ["view"], 30, "view ready")
         old = h.factory.made[0]
         assert ("view", "in-old") in h.seen.adds
-        await put(api, h.ns, "view", namespace=new_ns)
-        await eventually(lambda: len(h.factory.made) == 2 and h.controller.ready(), 30, "the new informer ready")
+
+        async def churn_old() -> None:  # the old namespace keeps changing while the view moves
+            for i in range(1000):
+                await put(api, old_ns, f"old-{i}")
+                await asyncio.sleep(0.01)
+
+        churn = asyncio.create_task(churn_old())
+        try:
+            await eventually(lambda: any(n.startswith("old-") for n in h.seen.order), 10, "the old one delivers")
+            await put(api, h.ns, "view", namespace=new_ns)
+            await eventually(lambda: len(h.factory.made) == 2 and h.controller.ready(), 30, "the new informer ready")
+            await eventually(lambda: "in-new" in h.seen.order, 10, "the new one's first list")
+            await asyncio.sleep(0.3)  # the old namespace still changing
+        finally:
+            churn.cancel()
+            await asyncio.gather(churn, return_exceptions=True)
+        first_new = h.seen.order.index("in-new")
+        assert not [n for n in h.seen.order[first_new:] if n.startswith("old-")]  # never both delivering
         new = h.factory.made[1]
-        assert h.union.sub_lister("view")[1] is new.lister
+        assert h.union.sub_lister("view")[1] is new.lister and h.seen.adds[("view", "in-new")] is True
         await eventually(lambda: old.stopped, 10, "the old informer stopped")
         assert old.registrations == [] and [r.name for r in new.registrations] == ["Seen@view"]
-        await eventually(lambda: h.seen.adds.get(("view", "in-new")) is True, 10, "the new one's first list")
-        await put(api, old_ns, "late-in-old")
         await put(api, new_ns, "late-in-new")
         await eventually(lambda: ("view", "late-in-new") in h.seen.adds, 10, "the new one delivers")
-        assert ("view", "late-in-old") not in h.seen.adds
         assert [o.obj["metadata"]["name"] for o in h.union.lister.list()] == ["in-new", "late-in-new"]
         assert h.factory.calls == ["view", "view"]
 
@@ -267,6 +282,30 @@ async def test_run_exit_stops_every_informer_it_made_and_removes_its_handler_and
             await h.controller.run()
         with pytest.raises(ValueError, match="workers"):
             await UnionController(h.records, lambda r: "k", h.factory, metrics_registry=CollectorRegistry()).run(0)
+
+
+async def test_a_stop_while_the_factory_works_ends_at_once_and_leaks_nothing(api: ApiClient, harness: Any) -> None:
+    h = harness()
+    entered, never = asyncio.Event(), asyncio.Event()
+    plain = h.factory.__call__
+
+    async def slow(record: Obj) -> Sub | None:
+        if record["metadata"]["name"] == "slow":
+            entered.set()
+            await never.wait()
+        return await plain(record)
+
+    h.controller._factory = slow
+    async with fresh_namespace(api, "target") as target:
+        await h.start()
+        await put(api, h.ns, "fast", namespace=target)
+        await put(api, h.ns, "slow", namespace=target)
+        await asyncio.wait_for(entered.wait(), 30)
+        await eventually(lambda: h.union.clusters() == ["fast"], 30, "fast joined")
+        assert h.task is not None
+        h.task.cancel()
+        await asyncio.wait_for(asyncio.gather(h.task, return_exceptions=True), 5)
+        assert h.union.clusters() == [] and all(s.stopped for s in h.factory.made)
 
 
 async def test_sync_once_without_run_follows_the_records_cache(api: ApiClient, harness: Any) -> None:
