@@ -10,9 +10,9 @@ in the event's payload (a stale payload could bring back a record that is gone):
 - present, with no sub, or with one built for another identity of the record (``identity(record)``: by default its
   uid and everything but its metadata and status): ``factory(record)``; the new sub joins the union under the key
   (the union's handlers installed on it) and is started, so the handlers get its first list as their initial list.
-  A sub it replaces leaves in the same step (``UnionInformer.add``: its handlers are cancelled in the loop iteration
-  in which the new sub's start, never both delivering), then is stopped. Same identity (a status write, a relist):
-  nothing.
+  A sub it replaces leaves the union in that same step (``UnionInformer.add``), its handlers are removed before the
+  new sub starts (the two never both deliver), then it is stopped. Same identity (a status write, a relist):
+  nothing. Keys are found in the records' cache through an index this controller adds to it while it runs.
 - absent: the sub leaves the union, then is stopped.
 - None from the factory, or an exception: the key is retried with the queue's per-key backoff (rate limiter) without
   waiting for another event; a sub already there for an older identity keeps serving meanwhile (a gap would look,
