@@ -24,6 +24,7 @@ from .ratelimiter import (
 )
 from .reconcile import Request, Result, TerminalError
 from .retry import DEFAULT_RETRY, RetryBackoff, retry_on_conflict
+from .union_controller import UnionController
 from .upsert import OperationResult, create_or_patch, create_or_update
 from .workqueue import QueueShutDown, WorkQueue
 
@@ -31,7 +32,7 @@ __all__ = [
     "BucketRateLimiter", "CONTROLLER_NAME_PREFIX", "Controller", "ControllerContext", "ControllerManager",
     "ControllerState", "ControllerStatus", "Fence", "ItemExponentialFailureRateLimiter", "ManagedController",
     "MaxOfRateLimiter", "OPEN", "QueueShutDown", "RateLimiter", "ReconcileStats", "Request", "Result",
-    "TerminalError", "WorkQueue", "default_controller_rate_limiter",
+    "TerminalError", "UnionController", "WorkQueue", "default_controller_rate_limiter",
     "AlreadyOwnedError", "DEFAULT_RETRY", "EventRecorder", "EventType", "OperationResult", "RetryBackoff",
     "add_finalizer", "create_or_patch", "create_or_update", "has_finalizer", "owner_requests", "remove_finalizer",
     "retry_on_conflict", "semantic_equal", "set_controller_reference", "set_owner_reference",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections import deque
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from loguru import logger
 
@@ -237,6 +237,10 @@ class SharedIndexInformer:
     def add_indexers(self, indexers: Mapping[str, IndexFunc]) -> None:
         """Add index functions (also on a running informer: the index is built at once)."""
         self.store.add_indexers(indexers)
+
+    def remove_indexers(self, names: Iterable[str]) -> None:
+        """Drop named indices (an unknown name is ignored; the namespace index stays)."""
+        self.store.remove_indexers(names)
 
     def add_error_listener(self, listener: Callable[[Exception], None]) -> None:
         """Call ``listener(exc)`` on every list/watch failure (e.g. to react to 404 or 403).

@@ -64,6 +64,14 @@ class Store:
                     index.setdefault(value, set()).add(key)
             self._indices[name] = index
 
+    def remove_indexers(self, names: Iterable[str]) -> None:
+        """Drop named indices (an unknown name is ignored), so that a reader that added one for its own lifetime
+        leaves the shared cache as it found it; the namespace index stays."""
+        for name in names:
+            if name != NAMESPACE_INDEX:
+                self._indexers.pop(name, None)
+                self._indices.pop(name, None)
+
     @property
     def indexers(self) -> dict[str, IndexFunc]:
         """The named index functions (a copy)."""

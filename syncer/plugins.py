@@ -13,7 +13,9 @@ installed package advertising an entry point in the ``syncer.controllers`` group
 
 With ``[clusters] enabled``, each ``syncer_controllers`` controller runs in every member cluster that serves its
 GVRs (a ControllerManager per cluster, with that cluster's client in its context), and each fleet controller runs
-once, over the union of the member clusters' informers of its GVR (``controllers.fleet``).
+once, over the union of the member clusters' informers of its GVR (``controllers.fleet``). A union kept in step
+with records (``controllers.UnionController``) is a ``syncer_controllers`` controller of the records' GVR
+(``examples/plugins/namespace_views.py``).
 
 ``settings`` is the plugin's own table ``[plugin_settings.<short name>]`` (the module's last name, the file's
 stem, or the entry point's name). Installed entry-point plugins are loaded unless the ``entry_point_plugins``

@@ -106,6 +106,10 @@ def test_store_indexers_added_late_cover_existing_objects_and_names_are_unique()
         s.add_indexers({"x": lambda o: []})
     with pytest.raises(KeyError, match="no index named 'y'"):
         s.by_index("y", "1")
+    s.remove_indexers(["x", "unknown", "namespace"])  # the namespace index stays
+    assert set(s.indexers) == {"namespace"} and len(s.by_index("namespace", "ns")) == 1
+    s.upsert(cm("b", labels={}))  # no longer indexed by x: its missing label is not read
+    s.add_indexers({"x": lambda o: [o["metadata"]["labels"].get("x", "")]})  # the name is free again
 
 
 def test_backoff_doubles_caps_jitters_and_resets():

@@ -4,6 +4,7 @@
   ``python -m asyncio`` and ``$KUBECONFIG`` naming the test control plane.
 - The plugin of "### Write your own plugin" is deploy/plugin-example/syncer_backup.py, character for character,
   and runs with the README's settings under ``python -m syncer run``.
+- The UnionController sketch of "Union informers" (a ``py`` block) follows a NamespaceView, and stops cleanly.
 - examples/settings.toml loads, and its ``include`` covers what the example plugins require.
 - The tests of "### Testing your own controllers" (its ``conftest.py`` and ``test_backup.py``, next to the plugin
   above) pass under pytest in a project of its own, with an empty configuration and no warning.
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from informers.resource_filter import ResourceFilter
 from syncer.plugins import load_plugins
 from syncer.settings import load_settings
 from syncer.testing import ControlPlane
+from syncer.testing.pytest_plugin import kube_client
 from tests.sidecar import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,9 +79,10 @@ except KeyboardInterrupt:
 """
 
 
-def start_snippet(heading: str, tmp_path: Path, cp: ControlPlane) -> tuple[subprocess.Popen[str], Path]:
-    """A process running the README snippet under ``heading``, with $KUBECONFIG naming ``cp``."""
-    (tmp_path / "snippet.py").write_text(snippet(heading))
+def start_snippet(heading: str, tmp_path: Path, cp: ControlPlane,
+                  code: str | None = None) -> tuple[subprocess.Popen[str], Path]:
+    """A process running the README snippet under ``heading`` (or ``code``), with $KUBECONFIG naming ``cp``."""
+    (tmp_path / "snippet.py").write_text(code if code is not None else snippet(heading))
     (tmp_path / "runner.py").write_text(RUNNER)
     log = tmp_path / "snippet.log"
     proc = subprocess.Popen([sys.executable, "runner.py", "snippet.py"], cwd=tmp_path, text=True,
@@ -117,6 +121,38 @@ def test_controllers_snippet_runs_a_working_controller(tmp_path: Path, control_p
         proc.send_signal(signal.SIGINT)  # Ctrl-C: the snippet's finally stops the manager and the factory
         assert proc.wait(30) == 0, log.read_text()
         assert "tasks left: 0" in log.read_text() and "greeted" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_union_controller_sketch_follows_the_views(tmp_path: Path, control_plane_factory: Any) -> None:
+    """The UnionController block of "Union informers" (a ``py`` block, pasteable into ``python -m asyncio``)."""
+    [code] = [b for b in readme_blocks("py")["Informers (`informers`)"] if "UnionController" in b]
+    cp = control_plane_factory()
+    api = kube_client(cp)
+    kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(
+        json.loads((ROOT / "examples" / "crds" / "namespaceview.json").read_text()))
+    core, custom = kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api)
+    core.create_namespace({"metadata": {"name": "team-a"}})
+    core.create_namespaced_config_map("team-a", {"metadata": {"name": "settings"}})
+    view = {"apiVersion": "examples.kube-syncer.io/v1", "kind": "NamespaceView", "metadata": {"name": "a"},
+            "spec": {"namespace": "team-a"}}
+    for attempt in range(100):  # until the CRD is served
+        try:
+            custom.create_namespaced_custom_object("examples.kube-syncer.io", "v1", "default", "namespaceviews", view)
+            break
+        except kubernetes.client.ApiException:
+            if attempt == 99:
+                raise
+            time.sleep(0.2)
+    proc, log = start_snippet("", tmp_path, cp, code)
+    try:
+        wait_until(lambda: "default/a sees settings" in log.read_text(), "the view's ConfigMap", proc, log)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0, log.read_text()
+        assert "tasks left: 0" in log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import kubernetes
@@ -186,3 +188,48 @@ def test_crd_lifecycle_example_script(control_plane_factory) -> None:
     for line in ("controller 'widgets' is running", "reconcile default/demo", "controller 'widgets' is waiting",
                  "done"):
         assert line in proc.stdout
+
+
+def test_namespace_views_example_plugin(control_plane_factory, member_plane, sidecars) -> None:
+    """A UnionController hosted by the sidecar: views of a namespace here and of one in another cluster."""
+    cp = control_plane_factory()
+    api = kube_client(cp)
+    kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(
+        json.loads((ROOT / "examples" / "crds" / "namespaceview.json").read_text()))
+    core, custom = kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api)
+    views = ("examples.kube-syncer.io", "v1", "default", "namespaceviews")
+    for ns, names in (("team-a", ("a1", "a2")), ("team-b", ())):
+        core.create_namespace({"metadata": {"name": ns}})
+        for name in names:
+            core.create_namespaced_config_map(ns, {"metadata": {"name": name}})
+    member = kubernetes.client.CoreV1Api(kube_client(member_plane))
+    remote_ns = f"views-{uuid.uuid4().hex[:8]}"
+    member.create_namespace({"metadata": {"name": remote_ns}})
+    member.create_namespaced_config_map(remote_ns, {"metadata": {"name": "m1"}})
+    car = sidecars(str(cp.kubeconfig), plugins=("examples.plugins.namespace_views",))
+    car.wait(lambda: car.controller_state("namespace-views") == "running", "the union controller")
+
+    def status(name):
+        return (custom.get_namespaced_custom_object(*views, name).get("status") or {})
+
+    def view(name, spec):
+        custom.create_namespaced_custom_object(*views, {
+            "apiVersion": "examples.kube-syncer.io/v1", "kind": "NamespaceView", "metadata": {"name": name},
+            "spec": spec})
+
+    view("here", {"namespace": "team-a"})
+    car.wait(lambda: status("here") == {"ready": True, "configMaps": 2}, "the local view's count")
+    core.create_namespaced_config_map("team-a", {"metadata": {"name": "a3"}})
+    car.wait(lambda: status("here") == {"ready": True, "configMaps": 3}, "a ConfigMap added")
+    view("there", {"namespace": remote_ns, "kubeconfigSecret": "east"})
+    car.wait(lambda: status("there") == {"ready": False}, "not yet: no Secret")
+    core.create_namespaced_secret("default", {"metadata": {"name": "east"}, "data": {
+        "kubeconfig": base64.b64encode(member_plane.member_kubeconfig()).decode()}})
+    car.wait(lambda: status("there") == {"ready": True, "configMaps": 1}, "the other cluster's view", timeout=60)
+    custom.patch_namespaced_custom_object(*views, "here", {"spec": {"namespace": "team-b"}})
+    car.wait(lambda: status("here") == {"ready": True, "configMaps": 0}, "the view moved to team-b")
+    custom.delete_namespaced_custom_object(*views, "there")
+    car.wait(lambda: "record default/there is gone" in car.log, "the remote view's informer gone")
+    member.delete_namespace(remote_ns)
+    car.proc.send_signal(signal.SIGTERM)
+    assert car.proc.wait(15) == 0
