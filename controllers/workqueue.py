@@ -119,7 +119,7 @@ class WorkQueue(Generic[T]):
         self.prioritized = prioritized
         # The items waiting to be handed out, one deque per priority: entries are (priority, item) tuples, and an
         # item's live entry is the one in _queued (by identity); a raised priority leaves a stale entry behind,
-        # skipped when reached and counted in _stale until then.
+        # skipped when reached (or dropped when the queue empties) and counted in _stale by priority until then.
         self._levels: dict[int, deque[tuple[int, T]]] = {0: deque()}
         self._order: list[int] = [0]  # the levels' priorities, highest first
         self._queued: dict[T, tuple[int, T]] = {}
@@ -186,14 +186,21 @@ class WorkQueue(Generic[T]):
                 item = entry[1]
                 live = queued.pop(item, None)
                 if live is entry:
+                    if self._stale and not queued:  # nothing left to hand out: drop the stale entries too
+                        for stale_level in self._levels.values():
+                            stale_level.clear()
+                        self._stale.clear()
                     if not level and priority and len(self._levels) > _MAX_LEVELS:
                         del self._levels[priority]
-                        self._stale.pop(priority, None)
                         self._order.remove(priority)
                     return item, priority
                 if live is not None:
                     queued[item] = live
-                self._stale[priority] -= 1
+                left = self._stale[priority] - 1
+                if left:
+                    self._stale[priority] = left
+                else:
+                    del self._stale[priority]
         raise AssertionError("a queued item has no entry")
 
     def _wake_one(self) -> None:
