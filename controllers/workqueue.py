@@ -117,14 +117,16 @@ class WorkQueue(Generic[T]):
         self.name = name
         self.rate_limiter = rate_limiter or default_controller_rate_limiter()
         self.prioritized = prioritized
-        # The items waiting to be handed out, one deque per priority: entries are (priority, item) tuples, and an
-        # item's live entry is the one in _queued (by identity); a raised priority leaves a stale entry behind,
-        # skipped when reached (or dropped when the queue empties) and counted in _stale by priority until then.
+        # The items waiting to be handed out, one deque per priority, of (priority, item) entries. An item added and
+        # not yet handed out is in _dirty with its entry: the one in a deque when it waits, a new one when it is
+        # being processed (queued on done). An entry is live while _dirty holds it (by identity); a raised
+        # priority leaves a stale entry behind, skipped when reached (or dropped when the queue empties) and
+        # counted in _stale by priority until then. Keys are hashed as often as in client-go's queue.
         self._levels: dict[int, deque[tuple[int, T]]] = {0: deque()}
-        self._order: list[int] = [0]  # the levels' priorities, highest first
-        self._queued: dict[T, tuple[int, T]] = {}
+        self._order: list[tuple[int, deque[tuple[int, T]]]] = [(0, self._levels[0])]  # highest priority first
+        self._dirty: dict[T, tuple[int, T]] = {}
+        self._count = 0  # items waiting (live entries)
         self._stale: dict[int, int] = {}
-        self._dirty: dict[T, int] = {}  # added and not yet handed out: the highest priority it was added with
         self._processing: set[T] = set()
         self._getters: deque[asyncio.Future[None]] = deque()
         self._waiting: list[tuple[float, int, T]] = []  # heap of (ready time, seq, item)
@@ -149,53 +151,60 @@ class WorkQueue(Generic[T]):
             return
         if not self.prioritized:
             priority = 0
-        current = self._dirty.get(item)
-        if current is not None:
-            if priority > current:
-                self._dirty[item] = priority
-                entry = self._queued.get(item)
-                if entry is not None:  # waiting, not being processed: to the tail of the higher priority
+        entry = self._dirty.get(item)
+        if entry is not None:
+            if priority > entry[0]:
+                self._dirty[item] = raised = (priority, item)
+                if item not in self._processing:  # waiting: to the tail of the higher priority
                     self._stale[entry[0]] = self._stale.get(entry[0], 0) + 1
-                    self._push(item, priority)
+                    self._level(priority).append(raised)
             return
-        self._dirty[item] = priority
+        self._dirty[item] = entry = (priority, item)
         if self._metered:
             self._adds += 1
             self._added_at.setdefault(item, time.monotonic())
         if item in self._processing:
             return
-        self._push(item, priority)
-        self._wake_one()
+        level = self._levels.get(priority)
+        (level if level is not None else self._level(priority)).append(entry)
+        self._count += 1
+        if self._getters:
+            self._wake_one()
 
-    def _push(self, item: T, priority: int) -> None:
-        entry = (priority, item)
-        self._queued[item] = entry
+    def _level(self, priority: int) -> deque[tuple[int, T]]:
         level = self._levels.get(priority)
         if level is None:
             level = self._levels[priority] = deque()
-            self._order = sorted(self._levels, reverse=True)
-        level.append(entry)
+            self._order = sorted(self._levels.items(), key=lambda pl: pl[0], reverse=True)
+        return level
 
-    def _take(self) -> tuple[T, int]:
-        """The first live entry of the highest priority, off the queue."""
-        queued = self._queued
-        for priority in self._order:
-            level = self._levels[priority]
+    def _take(self) -> tuple[int, T]:
+        """The first live entry of the highest priority, off the queue; its item is marked processing."""
+        dirty = self._dirty
+        for priority, level in self._order:
             while level:
                 entry = level.popleft()
                 item = entry[1]
-                live = queued.pop(item, None)
+                live = dirty.pop(item, None)
                 if live is entry:
-                    if self._stale and not queued:  # nothing left to hand out: drop the stale entries too
+                    self._count -= 1
+                    self._processing.add(item)
+                    if self._metered:
+                        now = time.monotonic()
+                        added = self._added_at.pop(item, None)
+                        if added is not None:
+                            self._latency.observe(now - added)
+                        self._started_at[item] = now
+                    if not level and priority and len(self._levels) > _MAX_LEVELS:
+                        del self._levels[priority]
+                        self._order = [pl for pl in self._order if pl[0] != priority]
+                    if self._stale and not self._count:  # nothing left to hand out: drop the stale entries too
                         for stale_level in self._levels.values():
                             stale_level.clear()
                         self._stale.clear()
-                    if not level and priority and len(self._levels) > _MAX_LEVELS:
-                        del self._levels[priority]
-                        self._order.remove(priority)
-                    return item, priority
+                    return entry
                 if live is not None:
-                    queued[item] = live
+                    dirty[item] = live
                 left = self._stale[priority] - 1
                 if left:
                     self._stale[priority] = left
@@ -225,44 +234,39 @@ class WorkQueue(Generic[T]):
 
     async def get(self) -> T:
         """The next item (mark it processing); raises QueueShutDown when shut down and empty."""
-        while not self._queued:
+        while not self._count:
             await self._wait()
-        return self._handed_out(*self._take())[0]
+        return self._take()[1]
 
     async def get_with_priority(self) -> tuple[T, int]:
         """``get``, with the priority the item was queued with (controller-runtime's ``GetWithPriority``): a
         worker re-adding the item keeps it."""
-        while not self._queued:
+        while not self._count:
             await self._wait()
-        return self._handed_out(*self._take())
-
-    def _handed_out(self, item: T, priority: int) -> tuple[T, int]:
-        self._processing.add(item)
-        del self._dirty[item]
-        if self._metered:
-            now = time.monotonic()
-            added = self._added_at.pop(item, None)
-            if added is not None:
-                self._latency.observe(now - added)
-            self._started_at[item] = now
+        priority, item = self._take()
         return item, priority
 
     def done(self, item: T) -> None:
         """Mark ``item`` processed; if it was added meanwhile, queue it again."""
-        self._processing.discard(item)
+        try:
+            self._processing.remove(item)
+        except KeyError:  # not handed out: nothing to do
+            return
         if self._metered:
             started = self._started_at.pop(item, None)
             if started is not None:
                 self._work.observe(time.monotonic() - started)
-        priority = self._dirty.get(item)
-        if priority is not None and item not in self._queued:
-            self._push(item, priority)
-            self._wake_one()
+        entry = self._dirty.get(item)
+        if entry is not None:
+            self._level(entry[0]).append(entry)
+            self._count += 1
+            if self._getters:
+                self._wake_one()
         elif self._drained is not None and not self._processing:
             self._drained.set()
 
     def __len__(self) -> int:
-        return len(self._queued)
+        return self._count
 
     def _depths(self) -> list[tuple[int, int]]:
         """(priority, items waiting) of every level."""
@@ -351,11 +355,11 @@ class WorkQueue(Generic[T]):
         """Shut down and wait until the queue is empty and nothing is being processed; False on timeout."""
         self.shutdown()
         self._drained = asyncio.Event()
-        if not self._processing and not self._queued:
+        if not self._processing and not self._count:
             return True
         try:
             async with asyncio.timeout(timeout):
-                while self._processing or self._queued:
+                while self._processing or self._count:
                     self._drained.clear()
                     await self._drained.wait()
         except TimeoutError:
