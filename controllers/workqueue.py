@@ -13,6 +13,7 @@ priorities (its ``priorityqueue``, the default since v0.23).
   which keeps one entry per item) a held-back item is apart from the queue: an ``add`` meanwhile queues it now,
   and the held-back add still comes at its time.
 - ``add_rate_limited`` delays by the rate limiter; ``forget`` resets the item's failures.
+- ``done`` of an item that was not handed out does nothing (client-go's would queue a dirty one a second time).
 - ``shutdown`` wakes every waiting ``get`` (which then raises ``QueueShutDown``) once the queue is empty;
   ``shutdown_with_drain`` also waits until items being processed are done.
 """
