@@ -5,8 +5,8 @@ priorities (its ``priorityqueue``, the default since v0.23).
   queued again when ``done`` is called, so two workers never hold the same item.
 - Every add takes a ``priority`` (default 0): ``get`` hands out the highest first, FIFO within one priority. A
   re-add of a waiting item keeps the higher of the two priorities; one that raises it moves the item to the tail
-  of its new priority (controller-runtime keeps its first add's place there, so it could pass live changes that
-  came before it). A dirty item is queued again on ``done`` with the highest priority it was added with.
+  of its new priority, behind the items queued there before it. A dirty item is queued again on ``done`` with the
+  highest priority it was added with.
   ``prioritized=False`` ignores every priority: client-go's FIFO queue exactly.
 - ``add_after`` holds an item back; a second ``add_after`` can only move its ready time earlier, and keeps the
   higher priority, which the item is added with when its time comes. As in client-go (not controller-runtime,
