@@ -18,6 +18,7 @@ from .predicates import (
     Predicate, WatchEvent, and_, annotations_changed, fields_match, generation_changed, labels_changed, not_, or_,
     resource_version_changed,
 )
+from .priority import LOW_PRIORITY
 from .ratelimiter import (
     BucketRateLimiter, ItemExponentialFailureRateLimiter, MaxOfRateLimiter, RateLimiter,
     default_controller_rate_limiter,
@@ -29,7 +30,7 @@ from .upsert import OperationResult, create_or_patch, create_or_update
 from .workqueue import QueueShutDown, WorkQueue
 
 __all__ = [
-    "BucketRateLimiter", "CONTROLLER_NAME_PREFIX", "Controller", "ControllerContext", "ControllerManager",
+    "BucketRateLimiter", "CONTROLLER_NAME_PREFIX", "LOW_PRIORITY", "Controller", "ControllerContext", "ControllerManager",
     "ControllerState", "ControllerStatus", "Fence", "ItemExponentialFailureRateLimiter", "ManagedController",
     "MaxOfRateLimiter", "OPEN", "QueueShutDown", "RateLimiter", "ReconcileStats", "Request", "Result",
     "TerminalError", "UnionController", "WorkQueue", "default_controller_rate_limiter",

@@ -56,7 +56,8 @@ class ControllerContext:
     """The synced informers of a controller's required GVRs, plus handler registration that is undone when the
     controller stops (so a stopped controller never leaves handlers on informers that survive it).
 
-    ``client`` is the API client (to write objects), ``workers`` and ``resync_period`` the process defaults.
+    ``client`` is the API client (to write objects), ``workers``, ``resync_period`` and ``priority_queue`` (whether
+    work queues serve live changes before initial lists and resyncs) the process defaults.
     ``fence`` is the term the controller runs in: workers check it before each item, and ``client`` refuses
     writes (``FenceError``) once it no longer holds. ``reconcile_stats`` is where the controller reports its
     reconciles; the manager passes one per managed controller, shared by its successive instances. ``cluster`` is
@@ -67,7 +68,7 @@ class ControllerContext:
     def __init__(self, name: str, informers: dict[GVR, SharedIndexInformer], source: InformerSource | None = None,
                  client: ApiClient | None = None, workers: int = 1, resync_period: float | None = None,
                  fence: Fence = OPEN, reconcile_stats: ReconcileStats | None = None,
-                 cluster: str | None = None) -> None:
+                 cluster: str | None = None, priority_queue: bool = True) -> None:
         self.name = name
         self.cluster = cluster
         self.informers = informers
@@ -76,6 +77,7 @@ class ControllerContext:
         self.client = fenced(client, fence) if client is not None else None
         self.workers = workers
         self.resync_period = resync_period
+        self.priority_queue = priority_queue
         self.reconcile_stats = reconcile_stats if reconcile_stats is not None else ReconcileStats()
         self.log = logger.bind(controller=name) if cluster is None else \
             logger.bind(controller=name, cluster=display_name(cluster))

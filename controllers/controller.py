@@ -55,6 +55,7 @@ from .finalizers import add_finalizer, has_finalizer, remove_finalizer
 from .metrics import reconcile_metrics
 from .owners import owner_requests
 from .predicates import Predicate, WatchEvent, WatchEventType, fields_match
+from .priority import add_priority, update_priority
 from .ratelimiter import RateLimiter
 from .reconcile import Request, Result
 from .keyed_loop import KeyedLoop, still_in_term
@@ -84,7 +85,8 @@ class _Watch:
 
 
 class _Enqueuer:
-    """Event handler turning informer events that pass the predicates into queued requests."""
+    """Event handler turning informer events that pass the predicates into queued requests, at the event's
+    priority (``priority.py``)."""
 
     def __init__(self, queue: WorkQueue[Request], map_fn: MapFunc, predicates: tuple[Predicate, ...],
                  name: str) -> None:
@@ -96,26 +98,26 @@ class _Enqueuer:
         event = WatchEvent(type, old, new, state_unknown)
         return all(p(event) for p in self.predicates)
 
-    def _enqueue(self, *objs: Any) -> None:
+    def _enqueue(self, priority: int, *objs: Any) -> None:
         for obj in objs:
             for req in self.map_fn(obj):
-                self.queue.add(req)  # the queue drops duplicates
+                self.queue.add(req, priority)  # the queue drops duplicates
 
     def on_add(self, obj: Any, is_in_initial_list: bool) -> None:
         if self._passes("add", None, obj):
-            self._enqueue(obj)
+            self._enqueue(add_priority(is_in_initial_list), obj)
 
     def on_update(self, old: Any, new: Any) -> None:
         # The old object is mapped too: when the mapping reads a field that changed (an owner reference, a
         # label), the request it named before must learn that the object is no longer its concern.
         if self._passes("update", old, new):
-            self._enqueue(new, old)
+            self._enqueue(update_priority(old, new), new, old)
 
     def on_delete(self, obj: Any) -> None:
         tombstone = isinstance(obj, DeletedFinalStateUnknown)
         last = obj.obj if tombstone else obj
         if self._passes("delete", last, None, tombstone):
-            self._enqueue(last)
+            self._enqueue(0, last)
 
 
 def _require_async(fn: Any, what: str) -> None:
@@ -196,6 +198,10 @@ class Controller:
     instead of ``reconcile`` once they are being deleted; an object being deleted without the finalizer is left
     alone. ``finalize`` should be idempotent: if removing the finalizer fails, it runs again.
 
+    The work queue serves live changes before the objects of initial lists and resyncs (controller-runtime's
+    priority queue, ``priority.py``); ``priority_queue=False`` makes it client-go's FIFO queue, and None (the
+    default) takes the context's ``priority_queue`` (the ``priority_queue`` setting).
+
     Successes and failures are counted in the context's ``reconcile_stats`` (``stats`` when run without one) and
     in the ``controller_runtime_*`` metrics of ``metrics_registry`` (see ``metrics.py``). The controller's name
     names its work queue, its metrics, its field manager and the ``reportingController`` of its Events.
@@ -204,7 +210,7 @@ class Controller:
     def __init__(
         self, name: str, reconcile: Reconcile, *, workers: int = 1, max_retries: int | None = None,
         rate_limiter: RateLimiter | None = None, metrics_registry: CollectorRegistry | None = None,
-        finalizer: str | None = None, finalize: Finalize | None = None,
+        finalizer: str | None = None, finalize: Finalize | None = None, priority_queue: bool | None = None,
     ) -> None:
         _require_async(reconcile, "reconcile")
         if (finalizer is None) != (finalize is None):
@@ -220,6 +226,7 @@ class Controller:
         self._call = _with_context(reconcile)
         self._rate_limiter = rate_limiter
         self._metrics_registry = metrics_registry
+        self.priority_queue = priority_queue
         self._primary: GVR | None = None
         self._watches: list[_Watch] = []
         self.queue: WorkQueue[Request] | None = None
@@ -276,7 +283,9 @@ class Controller:
             if self._primary is None:
                 raise ValueError(f"controller {self.name}: a finalizer needs the primary resource: call for_(gvr)")
             ctx.require_client()  # it writes: fail now, not on every request, without an API client
-        queue: WorkQueue[Request] = WorkQueue(self.name, self._rate_limiter, self._metrics_registry)
+        prioritized = ctx.priority_queue if self.priority_queue is None else self.priority_queue
+        queue: WorkQueue[Request] = WorkQueue(self.name, self._rate_limiter, self._metrics_registry,
+                                              prioritized=prioritized)
         self.queue = queue
         self.stats = ctx.reconcile_stats
         events = EventRecorder(ctx.client, self.name, socket.gethostname()) if ctx.client is not None else None

@@ -42,6 +42,7 @@ from .context import ReconcileStats
 from .fence import OPEN, Fence, fenced
 from .keyed_loop import KeyedLoop, still_in_term
 from .metrics import reconcile_metrics
+from .priority import add_priority, update_priority
 from .ratelimiter import RateLimiter
 from .reconcile import Request, Result
 from .workqueue import WorkQueue
@@ -147,12 +148,13 @@ class FleetLoop:
         self, name: str, spec: FleetController, clients: ClusterClients, *, management: ApiClient | None = None,
         fence: Fence = OPEN, rate_limiter: RateLimiter | None = None,
         metrics_registry: CollectorRegistry | None = None, on_join: Callable[[str], None] | None = None,
-        on_leave: Callable[[str], None] | None = None,
+        on_leave: Callable[[str], None] | None = None, priority_queue: bool = True,
     ) -> None:
         """``on_join(cluster)`` is called once a cluster's informer is in the union (requests for it are served
         from then on): for work that depends on the cluster's cache, beyond the events of its objects.
         ``on_leave(cluster)`` once it is out (its requests still queued are dropped from then on): for what
-        those requests would have done."""
+        those requests would have done. ``priority_queue``: the work queue serves live changes before the
+        objects of a cluster joining and resyncs (False: client-go's FIFO queue)."""
         self.name = name
         self.spec = spec
         self._on_join, self._on_leave = on_join, on_leave
@@ -163,6 +165,7 @@ class FleetLoop:
         self.queue: WorkQueue[ClusterRequest] = WorkQueue()
         self._rate_limiter = rate_limiter
         self._metrics_registry = metrics_registry
+        self._prioritized = priority_queue
         self._subs: dict[str, SharedIndexInformer] = {}  # cluster -> the informer it joined with
         self._detaches: dict[int, Callable[[], Awaitable[None]]] = {}  # feed -> its cleanup, until it has run
         self._closed = False
@@ -202,9 +205,10 @@ class FleetLoop:
         for cleanup in list(self._detaches.values()):
             await cleanup()
 
-    def enqueue(self, request: ClusterRequest) -> None:
-        """Queue ``request`` from elsewhere than the union's events (another informer whose objects map to it)."""
-        self.queue.add(request)
+    def enqueue(self, request: ClusterRequest, priority: int = 0) -> None:
+        """Queue ``request`` from elsewhere than the union's events (another informer whose objects map to it), at
+        ``priority`` (``priority.py``)."""
+        self.queue.add(request, priority)
 
     async def _join(self, feed: "_Feed", informer: SharedIndexInformer) -> None:
         async with self._lock:
@@ -233,7 +237,7 @@ class FleetLoop:
     async def run(self) -> None:
         """Create the reconciler (retried with backoff while ``create`` fails), then reconcile until cancelled. The
         union keeps its subs (the clusters' cleanups remove them), so a run that follows sees them at once."""
-        self.queue = WorkQueue(self.name, self._rate_limiter, self._metrics_registry)
+        self.queue = WorkQueue(self.name, self._rate_limiter, self._metrics_registry, prioritized=self._prioritized)
         reconciler = await self._create()
         reconcile = reconciler.reconcile
         deletion = getattr(reconciler, "reconcile_deletion", None)
@@ -314,22 +318,23 @@ class _Feed:
 
 
 class _Enqueuer:
-    """Union handler: every event queues its object's ClusterRequest."""
+    """Union handler: every event queues its object's ClusterRequest, at the event's priority (``priority.py``: the
+    objects of a cluster joining, its initial list, wait behind the live changes of the clusters already in)."""
 
     def __init__(self, queue: WorkQueue[ClusterRequest]) -> None:
         self.queue = queue
 
-    def _add(self, obj: Any, cluster: str) -> None:
+    def _add(self, obj: Any, cluster: str, priority: int) -> None:
         obj = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
         meta = obj["metadata"]
         self.queue.add(ClusterRequest(LOCAL_CLUSTER if cluster == union_name(LOCAL_CLUSTER) else cluster, meta["name"],
-                                      meta.get("namespace") or None))
+                                      meta.get("namespace") or None), priority)
 
     def on_add(self, obj: Obj, is_in_initial_list: bool, cluster: str) -> None:
-        self._add(obj, cluster)
+        self._add(obj, cluster, add_priority(is_in_initial_list))
 
     def on_update(self, old: Obj, new: Obj, cluster: str) -> None:
-        self._add(new, cluster)
+        self._add(new, cluster, update_priority(old, new))
 
     def on_delete(self, obj: Obj | DeletedFinalStateUnknown, cluster: str) -> None:
-        self._add(obj, cluster)
+        self._add(obj, cluster, 0)

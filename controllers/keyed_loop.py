@@ -4,7 +4,8 @@ retries, metrics, the fence and stopping work alike in both.
 
 controller-runtime's ``reconcileHandler``: success forgets the key; ``Result.requeue_after`` re-adds it after that
 delay; ``Result.requeue`` and any exception re-add it rate-limited (dropped after ``max_retries`` failures when
-that is set); ``TerminalError`` drops it. ``skip(key)`` may name a reason to drop a key unhandled (the fleet loop
+that is set); ``TerminalError`` drops it. A re-add keeps the priority the key was taken with, unless the
+``Result`` names another. ``skip(key)`` may name a reason to drop a key unhandled (the fleet loop
 drops requests of a cluster that has left instead of retrying them forever).
 
 The fence is checked before each key, and again by the handler right before user code (it raises ``TermEnded``):
@@ -162,14 +163,14 @@ class KeyedLoop(Generic[T]):
             # backlog of such) would otherwise keep the loop from lease renewals, probes and every other task.
             await asyncio.sleep(0)
             try:
-                key = await queue.get()
+                key, priority = await queue.get_with_priority()
             except QueueShutDown:
                 return
             if self._state != "running":
                 queue.done(key)
                 continue
             if not self.fence.valid():
-                await self._park(key)
+                await self._park(key, priority)
                 continue
             dropped = self._skip(key) if self._skip is not None else None
             if dropped:
@@ -177,13 +178,13 @@ class KeyedLoop(Generic[T]):
                 self._forget(key)
                 queue.done(key)
                 continue
-            await self._process(key)
+            await self._process(key, priority)
 
-    async def _process(self, key: T) -> None:
+    async def _process(self, key: T, priority: int) -> None:
         self.metrics.active_workers += 1
         started = time.monotonic()
         try:
-            outcome, terminal = await self._attempt(key)
+            outcome, terminal = await self._attempt(key, priority)
         except asyncio.CancelledError:
             self.queue.done(key)
             raise
@@ -192,13 +193,14 @@ class KeyedLoop(Generic[T]):
         finally:
             self.metrics.active_workers -= 1
         if outcome is None:
-            await self._park(key)
+            await self._park(key, priority)
             return
         self.metrics.observe(outcome, time.monotonic() - started, terminal)
         self.queue.done(key)
 
-    async def _attempt(self, key: T) -> tuple[ReconcileResult, bool]:
-        """Handle ``key`` and set its next step in the queue: (the metrics' result, whether an error is terminal)."""
+    async def _attempt(self, key: T, priority: int) -> tuple[ReconcileResult, bool]:
+        """Handle ``key`` (taken with ``priority``) and set its next step in the queue: (the metrics' result,
+        whether an error is terminal)."""
         queue = self.queue
         try:
             result = await self._handle(key)
@@ -217,16 +219,18 @@ class KeyedLoop(Generic[T]):
                 self._forget(key)
             else:
                 self._log_failure(key, e)
-                queue.add_rate_limited(key)
+                queue.add_rate_limited(key, priority)
             return "error", False
         self.stats.record_success()
         self._failures.pop(key, None)
+        if result is not None and result.priority is not None:
+            priority = result.priority
         if result is not None and result.requeue_after is not None:
             queue.forget(key)
-            queue.add_after(key, result.requeue_after)
+            queue.add_after(key, result.requeue_after, priority)
             return "requeue_after", False
         if result is not None and result.requeue:
-            queue.add_rate_limited(key)
+            queue.add_rate_limited(key, priority)
             return "requeue", False
         queue.forget(key)
         return "success", False
@@ -248,10 +252,10 @@ class KeyedLoop(Generic[T]):
         else:
             self._log.warning(what + " (the same error, {} times in a row: {}: {})", key, count, type(e).__name__, e)
 
-    async def _park(self, key: T) -> None:
+    async def _park(self, key: T, priority: int) -> None:
         """The term has ended and never comes back: leave ``key`` queued as it was (add marks it dirty, done puts it
         back) and wait for the stop that is coming."""
-        self.queue.add(key)
+        self.queue.add(key, priority)
         self.queue.done(key)
         self._log.info("leadership term ended; not starting {}", key)
         await self._stop_begun.wait()

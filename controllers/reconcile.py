@@ -32,10 +32,12 @@ class Request:
 @dataclass(frozen=True, slots=True)
 class Result:
     """What a reconcile asks for next: nothing (default), a rate-limited ``requeue``, or a re-run after
-    ``requeue_after`` seconds."""
+    ``requeue_after`` seconds; ``priority`` is the work queue priority of that requeue (None: the one the request
+    was taken with, as a failure's retry keeps it too)."""
 
     requeue: bool = False
     requeue_after: float | None = None
+    priority: int | None = None
 
 
 class TerminalError(Exception):

@@ -1,9 +1,19 @@
-"""WorkQueue: client-go's rate-limited, delaying, de-duplicating work queue for asyncio.
+"""WorkQueue: client-go's rate-limited, delaying, de-duplicating work queue for asyncio, with controller-runtime's
+priorities (its ``priorityqueue``, the default since v0.23).
 
 - An item added while it waits is not added twice; one added while being processed is marked dirty and
   queued again when ``done`` is called, so two workers never hold the same item.
-- ``add_after`` holds an item back; a second ``add_after`` can only move its ready time earlier.
+- Every add takes a ``priority`` (default 0): ``get`` hands out the highest first, FIFO within one priority. A
+  re-add of a waiting item keeps the higher of the two priorities; one that raises it moves the item to the tail
+  of its new priority, behind the items queued there before it. A dirty item is queued again on ``done`` with the
+  highest priority it was added with.
+  ``prioritized=False`` ignores every priority: client-go's FIFO queue exactly.
+- ``add_after`` holds an item back; a second ``add_after`` can only move its ready time earlier, and keeps the
+  higher priority, which the item is added with when its time comes. As in client-go (not controller-runtime,
+  which keeps one entry per item) a held-back item is apart from the queue: an ``add`` meanwhile queues it now,
+  and the held-back add still comes at its time.
 - ``add_rate_limited`` delays by the rate limiter; ``forget`` resets the item's failures.
+- ``done`` of an item that was not handed out does nothing (client-go's would queue a dirty one a second time).
 - ``shutdown`` wakes every waiting ``get`` (which then raises ``QueueShutDown``) once the queue is empty;
   ``shutdown_with_drain`` also waits until items being processed are done.
 """
@@ -33,6 +43,10 @@ class QueueShutDown(Exception):
 
 
 _BUCKETS = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0, 100.0)
+# Priorities a queue keeps a level for once emptied, and that workqueue_depth shows apart (controller-runtime's
+# limit of distinct priority labels); the lower ones are summed under _OVER_LIMIT.
+_MAX_LEVELS = 25
+_OVER_LIMIT = "exceeded_cardinality_limit"
 
 
 class _Collector(MetricSet):
@@ -48,7 +62,7 @@ class _Collector(MetricSet):
         for q in list(self.queues):
             if not q.shutting_down:
                 by_name.setdefault(q.name, []).append(q)
-        depth = GaugeMetricFamily("workqueue_depth", "Current depth of the workqueue.", labels=["name"])
+        depth = GaugeMetricFamily("workqueue_depth", "Current depth of the workqueue.", labels=["name", "priority"])
         adds = CounterMetricFamily("workqueue_adds_total", "Adds handled by the workqueue.", labels=["name"])
         retries = CounterMetricFamily("workqueue_retries_total", "Rate-limited re-adds.", labels=["name"])
         unfinished = GaugeMetricFamily("workqueue_unfinished_work_seconds", "Seconds of work in progress not yet "
@@ -60,7 +74,8 @@ class _Collector(MetricSet):
         work = HistogramMetricFamily("workqueue_work_duration_seconds", "Seconds processing an item takes.",
                                      labels=["name"])
         for name, queues in sorted(by_name.items()):
-            depth.add_metric([name], sum(len(q) for q in queues))
+            for priority, n in _depths(queues):
+                depth.add_metric([name, priority], n)
             adds.add_metric([name], sum(q._adds for q in queues))
             retries.add_metric([name], sum(q._retries for q in queues))
             unfinished.add_metric([name], sum(q._unfinished() for q in queues))
@@ -71,25 +86,52 @@ class _Collector(MetricSet):
         yield from (depth, adds, retries, unfinished, longest, latency, work)
 
 
-class WorkQueue(Generic[T]):
-    """A de-duplicating work queue with delayed and rate-limited adds.
+def _depths(queues: list["WorkQueue[Any]"]) -> list[tuple[str, int]]:
+    """The depth of queues of one name by priority label: ``""`` for a queue without priorities (as
+    controller-runtime labels client-go's), the highest ``_MAX_LEVELS`` priorities apart, the others together."""
+    plain = sum(len(q) for q in queues if not q.prioritized)
+    by_level: dict[int, int] = {}
+    for q in queues:
+        if q.prioritized:
+            for level, n in q._depths():
+                by_level[level] = by_level.get(level, 0) + n
+    levels = sorted(by_level, reverse=True)
+    out = [(str(level), by_level[level]) for level in levels[:_MAX_LEVELS]]
+    if len(levels) > _MAX_LEVELS:
+        out.append((_OVER_LIMIT, sum(by_level[level] for level in levels[_MAX_LEVELS:])))
+    if plain or not by_level:
+        out.append(("", plain))
+    return out
 
-    Metrics (the usual ``workqueue_*`` names, label ``name``) are recorded when ``name`` is given; a queue that is
-    shut down leaves the exposition.
+
+class WorkQueue(Generic[T]):
+    """A de-duplicating work queue with priorities, delayed and rate-limited adds (see the module docstring).
+
+    Metrics (the usual ``workqueue_*`` names, label ``name``; ``workqueue_depth`` also ``priority``) are recorded
+    when ``name`` is given; a queue that is shut down leaves the exposition.
     """
 
     def __init__(
         self, name: str = "", rate_limiter: RateLimiter | None = None,
-        metrics_registry: CollectorRegistry | None = None,
+        metrics_registry: CollectorRegistry | None = None, *, prioritized: bool = True,
     ) -> None:
         self.name = name
         self.rate_limiter = rate_limiter or default_controller_rate_limiter()
-        self._queue: deque[T] = deque()
-        self._dirty: set[T] = set()
+        self.prioritized = prioritized
+        # The items waiting to be handed out, one deque per priority, of (priority, item) entries. An item added and
+        # not yet handed out is in _dirty with its entry: the one in a deque when it waits, a new one when it is
+        # being processed (queued on done). An entry is live while _dirty holds it (by identity); a raised
+        # priority leaves a stale entry behind, skipped when reached (or dropped when the queue empties) and
+        # counted in _stale by priority until then. Keys are hashed as often as in client-go's queue.
+        self._levels: dict[int, deque[tuple[int, T]]] = {0: deque()}
+        self._order: list[tuple[int, deque[tuple[int, T]]]] = [(0, self._levels[0])]  # highest priority first
+        self._dirty: dict[T, tuple[int, T]] = {}
+        self._count = 0  # items waiting (live entries)
+        self._stale: dict[int, int] = {}
         self._processing: set[T] = set()
         self._getters: deque[asyncio.Future[None]] = deque()
         self._waiting: list[tuple[float, int, T]] = []  # heap of (ready time, seq, item)
-        self._ready_at: dict[T, float] = {}
+        self._ready_at: dict[T, tuple[float, int]] = {}  # held-back items: (ready time, priority)
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._shutting_down = False
@@ -103,18 +145,73 @@ class WorkQueue(Generic[T]):
             _Collector.for_registry(metrics_registry).queues.add(self)
 
     # -- basic queue -------------------------------------------------------------------------------------
-    def add(self, item: T) -> None:
-        """Queue ``item`` unless it is already waiting; if it is being processed, queue it again after ``done``."""
-        if self._shutting_down or item in self._dirty:
+    def add(self, item: T, priority: int = 0) -> None:
+        """Queue ``item`` with ``priority`` unless it is already waiting (then keep the higher priority); if it is
+        being processed, queue it again after ``done``."""
+        if self._shutting_down:
             return
-        self._dirty.add(item)
+        if not self.prioritized:
+            priority = 0
+        entry = self._dirty.get(item)
+        if entry is not None:
+            if priority > entry[0]:
+                self._dirty[item] = raised = (priority, item)
+                if item not in self._processing:  # waiting: to the tail of the higher priority
+                    self._stale[entry[0]] = self._stale.get(entry[0], 0) + 1
+                    self._level(priority).append(raised)
+            return
+        self._dirty[item] = entry = (priority, item)
         if self._metered:
             self._adds += 1
             self._added_at.setdefault(item, time.monotonic())
         if item in self._processing:
             return
-        self._queue.append(item)
-        self._wake_one()
+        level = self._levels.get(priority)
+        (level if level is not None else self._level(priority)).append(entry)
+        self._count += 1
+        if self._getters:
+            self._wake_one()
+
+    def _level(self, priority: int) -> deque[tuple[int, T]]:
+        level = self._levels.get(priority)
+        if level is None:
+            level = self._levels[priority] = deque()
+            self._order = sorted(self._levels.items(), key=lambda pl: pl[0], reverse=True)
+        return level
+
+    def _take(self) -> tuple[int, T]:
+        """The first live entry of the highest priority, off the queue; its item is marked processing."""
+        dirty = self._dirty
+        for priority, level in self._order:
+            while level:
+                entry = level.popleft()
+                item = entry[1]
+                live = dirty.pop(item, None)
+                if live is entry:
+                    self._count -= 1
+                    self._processing.add(item)
+                    if self._metered:
+                        now = time.monotonic()
+                        added = self._added_at.pop(item, None)
+                        if added is not None:
+                            self._latency.observe(now - added)
+                        self._started_at[item] = now
+                    if not level and priority and len(self._levels) > _MAX_LEVELS:
+                        del self._levels[priority]
+                        self._order = [pl for pl in self._order if pl[0] != priority]
+                    if self._stale and not self._count:  # nothing left to hand out: drop the stale entries too
+                        for stale_level in self._levels.values():
+                            stale_level.clear()
+                        self._stale.clear()
+                    return entry
+                if live is not None:
+                    dirty[item] = live
+                left = self._stale[priority] - 1
+                if left:
+                    self._stale[priority] = left
+                else:
+                    del self._stale[priority]
+        raise AssertionError("a queued item has no entry")
 
     def _wake_one(self) -> None:
         while self._getters:
@@ -123,46 +220,58 @@ class WorkQueue(Generic[T]):
                 fut.set_result(None)
                 return
 
+    async def _wait(self) -> None:
+        if self._shutting_down:
+            raise QueueShutDown(self.name)
+        fut = asyncio.get_running_loop().create_future()
+        self._getters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            # Pass a wake-up we may have consumed on to another getter.
+            if fut.done() and not fut.cancelled():
+                self._wake_one()
+            raise
+
     async def get(self) -> T:
         """The next item (mark it processing); raises QueueShutDown when shut down and empty."""
-        while not self._queue:
-            if self._shutting_down:
-                raise QueueShutDown(self.name)
-            fut = asyncio.get_running_loop().create_future()
-            self._getters.append(fut)
-            try:
-                await fut
-            except asyncio.CancelledError:
-                # Pass a wake-up we may have consumed on to another getter.
-                if fut.done() and not fut.cancelled():
-                    self._wake_one()
-                raise
-        item = self._queue.popleft()
-        self._processing.add(item)
-        self._dirty.discard(item)
-        if self._metered:
-            now = time.monotonic()
-            added = self._added_at.pop(item, None)
-            if added is not None:
-                self._latency.observe(now - added)
-            self._started_at[item] = now
-        return item
+        while not self._count:
+            await self._wait()
+        return self._take()[1]
+
+    async def get_with_priority(self) -> tuple[T, int]:
+        """``get``, with the priority the item was queued with (controller-runtime's ``GetWithPriority``): a
+        worker re-adding the item keeps it."""
+        while not self._count:
+            await self._wait()
+        priority, item = self._take()
+        return item, priority
 
     def done(self, item: T) -> None:
         """Mark ``item`` processed; if it was added meanwhile, queue it again."""
-        self._processing.discard(item)
+        try:
+            self._processing.remove(item)
+        except KeyError:  # not handed out: nothing to do
+            return
         if self._metered:
             started = self._started_at.pop(item, None)
             if started is not None:
                 self._work.observe(time.monotonic() - started)
-        if item in self._dirty:
-            self._queue.append(item)
-            self._wake_one()
+        entry = self._dirty.get(item)
+        if entry is not None:
+            self._level(entry[0]).append(entry)
+            self._count += 1
+            if self._getters:
+                self._wake_one()
         elif self._drained is not None and not self._processing:
             self._drained.set()
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return self._count
+
+    def _depths(self) -> list[tuple[int, int]]:
+        """(priority, items waiting) of every level."""
+        return [(p, len(level) - self._stale.get(p, 0)) for p, level in self._levels.items()]
 
     @property
     def processing(self) -> int:
@@ -170,18 +279,22 @@ class WorkQueue(Generic[T]):
         return len(self._processing)
 
     # -- delays ------------------------------------------------------------------------------------------
-    def add_after(self, item: T, delay: float) -> None:
-        """Queue ``item`` after ``delay`` seconds; if already waiting, keep the earlier ready time."""
+    def add_after(self, item: T, delay: float, priority: int = 0) -> None:
+        """Queue ``item`` with ``priority`` after ``delay`` seconds; if already held back, keep the earlier ready
+        time and the higher priority."""
         if self._shutting_down:
             return
         if delay <= 0:
-            self.add(item)
+            self.add(item, priority)
             return
         ready = time.monotonic() + delay
         current = self._ready_at.get(item)
-        if current is not None and current <= ready:
-            return
-        self._ready_at[item] = ready
+        if current is not None:
+            priority = max(priority, current[1])
+            if current[0] <= ready:
+                self._ready_at[item] = (current[0], priority)
+                return
+        self._ready_at[item] = (ready, priority)
         heapq.heappush(self._waiting, (ready, next(self._seq), item))
         if self._waiting[0][0] == ready:  # the new item is now the earliest: re-arm the timer
             self._schedule()
@@ -200,16 +313,17 @@ class WorkQueue(Generic[T]):
         now = time.monotonic()
         while self._waiting and self._waiting[0][0] <= now:
             ready, _, item = heapq.heappop(self._waiting)
-            if self._ready_at.get(item) == ready:  # stale heap entries were superseded by an earlier add_after
+            current = self._ready_at.get(item)
+            if current is not None and current[0] == ready:  # stale heap entries were superseded by an earlier one
                 del self._ready_at[item]
-                self.add(item)
+                self.add(item, current[1])
         self._schedule()
 
     # -- rate limiting -----------------------------------------------------------------------------------
-    def add_rate_limited(self, item: T) -> None:
-        """Queue ``item`` after the rate limiter's delay for it."""
+    def add_rate_limited(self, item: T, priority: int = 0) -> None:
+        """Queue ``item`` with ``priority`` after the rate limiter's delay for it."""
         self._retries += 1
-        self.add_after(item, self.rate_limiter.when(item))
+        self.add_after(item, self.rate_limiter.when(item), priority)
 
     def forget(self, item: T) -> None:
         """Reset the item's failure count in the rate limiter."""
@@ -242,11 +356,11 @@ class WorkQueue(Generic[T]):
         """Shut down and wait until the queue is empty and nothing is being processed; False on timeout."""
         self.shutdown()
         self._drained = asyncio.Event()
-        if not self._processing and not self._queue:
+        if not self._processing and not self._count:
             return True
         try:
             async with asyncio.timeout(timeout):
-                while self._processing or self._queue:
+                while self._processing or self._count:
                     self._drained.clear()
                     await self._drained.wait()
         except TimeoutError:

@@ -162,6 +162,7 @@ CHECKS: dict[str, Check] = {
     "full_rediscovery_interval": duration(at_least="rediscovery_interval"),
     "resync": duration(zero_means="turns resync off"),
     "workers": integer(1, MAX_WORKERS),
+    "priority_queue": boolean,
     "check_permissions": boolean,
     "http_bind": host_port,
     "log_level": choice(LOG_LEVELS),

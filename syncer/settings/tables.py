@@ -207,7 +207,9 @@ class Settings:
       least ``rediscovery_interval``): how often it is re-run anyway, as a safety net, while they can (plus up
       to 20 % jitter; in every cluster). ``resync``:
       informer resync period (``0`` = off); ``check_permissions``: skip GVRs the credentials cannot list/watch.
-    - ``workers``: reconcile workers per controller, 1 to ``MAX_WORKERS``.
+    - ``workers``: reconcile workers per controller, 1 to ``MAX_WORKERS``; ``priority_queue``: controllers' work
+      queues serve live changes before the objects of initial lists (a controller starting, a member cluster
+      joining) and resyncs, as controller-runtime's default priority queue (off: client-go's FIFO queue).
     - ``http_bind``: ``host:port`` (port 1-65535) of the probes, ``/metrics`` and ``/status``.
     - ``log_level`` (any case of ``LOG_LEVELS``), ``log_format`` (``text`` or ``json``); ``log_libraries``: the
       level of named standard-library loggers. The libraries that see requests on the wire (hpack, h2, aiohttp,
@@ -241,6 +243,7 @@ class Settings:
     full_rediscovery_interval: float = 600.0
     resync: float = 0.0
     workers: int = 2
+    priority_queue: bool = True
     check_permissions: bool = False
     http_bind: str = "127.0.0.1:8080"
     log_level: str = "INFO"

@@ -60,7 +60,8 @@ class Fleet:
         self.per_cluster = ClusterControllers(plugins.controllers, name=p.identity, fence=fence,
                                               **p.manager_options(self.stop_timeout))
         await registry.register_cluster_handler(self.per_cluster)
-        self.loops = [FleetLoop(name, spec, registry.clients, management=p.client, fence=fence)
+        self.loops = [FleetLoop(name, spec, registry.clients, management=p.client, fence=fence,
+                                priority_queue=p.settings.priority_queue)
                       for name, spec in sorted(plugins.fleet.items())]
         for loop in self.loops:
             await registry.register_cluster_handler(loop)

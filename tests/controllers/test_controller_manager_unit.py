@@ -227,6 +227,21 @@ async def test_the_fence_reaches_every_context(sources):
         await m.stop()
 
 
+async def test_the_priority_queue_setting_reaches_every_context(sources):
+    src = sources()
+    src.add(A)
+    on, off = Probe("on"), Probe("off")
+    managers = [manager(src, [(on, [A])]), manager(src, [(off, [A])], priority_queue=False)]
+    for m in managers:
+        await m.start()
+    try:
+        await settle(lambda: on.running == off.running == 1)
+        assert (on.contexts[-1].priority_queue, off.contexts[-1].priority_queue) == (True, False)
+    finally:
+        for m in managers:
+            await m.stop()
+
+
 async def test_no_controller_starts_once_the_term_has_ended(sources):
     src = sources()
     src.add(A)

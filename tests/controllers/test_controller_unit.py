@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers import (
-    Controller, ControllerContext, ItemExponentialFailureRateLimiter, Request, Result, TerminalError,
+    LOW_PRIORITY, Controller, ControllerContext, ItemExponentialFailureRateLimiter, Request, Result, TerminalError,
+    WorkQueue,
 )
 
 from tests.fakes import A, Recorder, obj, run_with
@@ -233,3 +235,84 @@ def test_a_synchronous_reconcile_is_refused_when_the_controller_is_built():
         Controller("c", reconcile)
     Controller("c", Recorder())  # an object with an async __call__
     Controller("c", functools.partial(_async_reconcile, 1))
+
+
+class Gated:
+    """A reconcile recording the names of its requests, whose first call waits for ``gate``."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.gate = asyncio.Event()
+
+    async def __call__(self, req: Request) -> None:
+        self.names.append(req.name)
+        if len(self.names) == 1:
+            await self.gate.wait()
+
+
+def handled(inf) -> bool:
+    """Every event the informer has delivered has been handled (the Controller's handlers are synchronous)."""
+    return all(r.queue_depth == 0 for r in inf.registrations)
+
+
+@pytest.mark.parametrize("own, in_ctx, prioritized", [(None, True, True), (None, False, False), (False, True, False)])
+async def test_a_live_change_overtakes_the_initial_list_unless_priorities_are_off(sources, own, in_ctx, prioritized):
+    src = sources()
+    initial = [f"o{i:02}" for i in range(20)]
+    inf = src.add(A, objects=[obj(name) for name in initial])
+    rec, reg = Gated(), CollectorRegistry()
+    c = Controller("c", rec, metrics_registry=reg, priority_queue=own).watch(A)
+
+    async def scenario():
+        await settle(lambda: rec.names == ["o00"])  # the others of the initial list wait, low priority
+        inf.apply("MODIFIED", obj("o19", rv="2"))  # the last of them changes now
+        await settle(lambda: handled(inf))
+        live = reg.get_sample_value("workqueue_depth", {"name": "c", "priority": "0"})
+        assert live == (1 if prioritized else None) and len(c.queue) == 19
+        rec.gate.set()
+        await settle(lambda: len(rec.names) == 20)
+        assert rec.names == (["o00", "o19", *initial[1:19]] if prioritized else initial)
+        await nothing_within(lambda: len(rec.names) > 20, 0.05)  # de-duplicated: o19 once
+
+    await run_with(c, ControllerContext("c", {A: inf}, src, priority_queue=in_ctx), scenario())
+
+
+async def test_resyncs_wait_behind_live_changes_and_a_relist_s_changes_do_not(sources):
+    src = sources()
+    inf = src.add(A, objects=[obj("a"), obj("b")])
+    rec = Gated()
+    resynced: set[str] = set()
+
+    def spy(event) -> bool:
+        if event.type == "update" and event.old is event.new:
+            resynced.add(event.obj["metadata"]["name"])
+        return True
+
+    c = controller(rec).watch(A, predicates=[spy])
+
+    async def scenario():
+        await settle(lambda: rec.names == ["a"])  # b waits, low priority
+        await settle(lambda: resynced == {"a", "b"})  # a resync: both again, low priority (a once done)
+        inf.apply("ADDED", obj("c"))  # live
+        inf.replace([obj("a"), obj("b", rv="2"), obj("c")], "3")  # a relist: b changed while not watched
+        await settle(lambda: handled(inf))
+        rec.gate.set()
+        await settle(lambda: len(rec.names) >= 4)
+        assert rec.names[:4] == ["a", "c", "b", "a"]  # the relist's change to b is live, behind c
+
+    await run_with(c, ControllerContext("c", {A: inf}, src, resync_period=0.05), scenario())
+
+
+async def test_the_fleet_handler_queues_a_joining_cluster_s_objects_and_resyncs_low():
+    from controllers.fleet import ClusterRequest, _Enqueuer as FleetEnqueuer
+
+    q: WorkQueue[ClusterRequest] = WorkQueue()
+    h = FleetEnqueuer(q)
+    h.on_add(obj("old"), True, "c1")  # the initial list of a cluster joining
+    h.on_update(obj("resynced"), obj("resynced"), "c1")
+    h.on_add(obj("new"), False, "c2")
+    h.on_update(obj("changed"), obj("changed", rv="2"), "c1")
+    h.on_delete(obj("gone"), "c2")
+    got = [await q.get_with_priority() for _ in range(5)]
+    assert [(r.name, p) for r, p in got] == [("new", 0), ("changed", 0), ("gone", 0), ("old", LOW_PRIORITY),
+                                             ("resynced", LOW_PRIORITY)]

@@ -355,3 +355,37 @@ async def test_generation_changed_skips_status_writes_not_spec_changes(api: ApiC
         assert calls == [1]  # neither our status write nor another's triggered a reconcile
         await wc.patch("w", {"spec": {"size": 5}}, type="merge", namespace=namespace)
         await eventually(lambda: calls == [1, 2], 10, "the reconcile of the spec change")
+
+
+async def test_a_live_change_is_reconciled_before_the_rest_of_the_initial_list(api: ApiClient, namespace: str) -> None:
+    """The priority queue against a real control plane: one worker held by the test on the first object of the
+    initial list, the others waiting, and an object changed meanwhile is the next reconciled."""
+    names = [f"cm-{i:02}" for i in range(30)]
+    cc = ResourceClient(api, CONFIGMAPS)
+    await asyncio.gather(*(cc.create(configmap(n, namespace, k="initial")) for n in names))
+    gate = asyncio.Event()
+    seen: list[tuple[str, str | None]] = []  # (name, data.k as the reconcile read it)
+    registry = CollectorRegistry()
+
+    async def reconcile(req: Request, rc: ReconcileContext) -> None:
+        obj = rc.lister().get(req.name, req.namespace)
+        seen.append((req.name, (obj.get("data") or {}).get("k") if obj is not None else None))
+        if len(seen) == 1:
+            await gate.wait()  # a slow reconcile
+
+    def create(ctx: ControllerContext) -> Any:
+        return Controller("live-first", reconcile, metrics_registry=registry).for_(CONFIGMAPS).run
+
+    def live_queued() -> bool:
+        return registry.get_sample_value("workqueue_depth", {"name": "live-first", "priority": "0"}) == 1
+
+    async with managed(api, namespace, [CONFIGMAPS], create):
+        await eventually(lambda: len(seen) == 1, 15, "the first reconcile")
+        first = seen[0][0]
+        target = names[-1] if first != names[-1] else names[-2]
+        await cc.patch(target, {"data": {"k": "live"}}, type="merge", namespace=namespace)
+        await eventually(live_queued, 15, "the live change queued")
+        gate.set()
+        await eventually(lambda: {n for n, _ in seen} >= set(names), 15, "every object reconciled")
+        assert seen[1] == (target, "live")
+        assert sorted(n for n, _ in seen[2:] if n in names) == sorted(set(names) - {first, target})  # each once

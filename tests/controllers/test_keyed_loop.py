@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from controllers import ItemExponentialFailureRateLimiter, Result, WorkQueue
+from controllers import LOW_PRIORITY, ItemExponentialFailureRateLimiter, Result, WorkQueue
 from controllers.keyed_loop import KeyedLoop
 
 from tests.helpers import eventually
@@ -60,6 +60,40 @@ async def test_failures_are_retried_rate_limited_and_a_success_forgets_the_key(n
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert loop.state == "stopped" and q.shutting_down
+
+
+class TakenQueue(WorkQueue[str]):
+    """Records (key, priority) of every key handed out."""
+
+    def __init__(self) -> None:
+        super().__init__("", ItemExponentialFailureRateLimiter(0.001, 0.01))
+        self.taken: list[tuple[str, int]] = []
+
+    async def get_with_priority(self) -> tuple[str, int]:
+        got = await super().get_with_priority()
+        self.taken.append(got)
+        return got
+
+
+async def test_retries_and_requeues_keep_the_priority_taken_unless_the_result_names_one(no_leaks):
+    script: list[Exception | Result | None] = [
+        RuntimeError("once"), Result(requeue=True), Result(requeue_after=0.001, priority=5), Result(requeue=True),
+        None]
+
+    async def sync(key: str) -> Result | None:
+        answer = script.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    q = TakenQueue()
+    loop = KeyedLoop("l", q, sync)
+    q.add("k", LOW_PRIORITY)
+    task = await running(loop)
+    await eventually(lambda: not script and q.processing == 0, 5, "every answer used")
+    assert q.taken == [("k", LOW_PRIORITY)] * 3 + [("k", 5)] * 2
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_stop_lets_a_busy_worker_finish_within_drain_and_drops_what_is_still_queued(no_leaks):

@@ -299,7 +299,8 @@ CASES: dict[str, Case] = {
         "check_permissions, clusters, context, debug_endpoints, entry_point_plugins, exclude, field_selectors, "
         "full_rediscovery_interval, http2, http_bind, in_cluster, include, kubeconfig, leader_election, log_format, "
         "log_level, log_libraries, namespace, "
-        "plugin_settings, plugins, preferred_version_only, rediscovery_interval, resync, sharding, shutdown_timeout, "
+        "plugin_settings, plugins, preferred_version_only, priority_queue, rediscovery_interval, resync, sharding, "
+        "shutdown_timeout, "
         "start_timeout, uvloop, watch, webhooks, workers"),
     "unknown-nested": Case(
         "[leader_election]\nenable = true",

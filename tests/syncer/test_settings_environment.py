@@ -97,3 +97,17 @@ def test_cluster_provider_tables_come_from_the_file_and_the_environment(monkeypa
     with pytest.raises(SettingsError, match=r"^setting 'clusters.cluster_api.ready_only' must be true or false, got "
                                             r"'maybe'; fix environment variable SYNCER_CLUSTERS__CLUSTER_API__READY_ONLY"):
         load_settings(str(path))
+
+
+def test_the_priority_queue_is_on_by_default_and_a_setting_turns_it_off(monkeypatch: pytest.MonkeyPatch,
+                                                                        settings_file: str, tmp_path: Path) -> None:
+    assert load_settings(settings_file).priority_queue is True
+    monkeypatch.setenv("SYNCER_PRIORITY_QUEUE", "false")
+    assert load_settings(settings_file).priority_queue is False
+    monkeypatch.delenv("SYNCER_PRIORITY_QUEUE")
+    off = tmp_path / "off.toml"
+    off.write_text("priority_queue = false\n")
+    assert load_settings(str(off)).priority_queue is False
+    off.write_text('priority_queue = "no"\n')
+    with pytest.raises(SettingsError, match="setting 'priority_queue' must be true or false, got 'no'"):
+        load_settings(str(off))

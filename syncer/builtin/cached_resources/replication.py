@@ -47,6 +47,7 @@ from controllers.cluster import Cluster, ClusterContext, display_name
 from controllers.cluster_clients import ClusterClients
 from controllers.fence import OPEN, Fence
 from controllers.fleet import ClusterRequest, FleetContext, FleetController, FleetLoop
+from controllers.priority import LOW_PRIORITY, add_priority, update_priority
 from controllers.reconcile import Request, Result, TerminalError
 from informers import (
     GVR, AlreadyExists, ApiClient, ApiError, ClusterNotFound, Conflict, DeletedFinalStateUnknown, FuncHandler,
@@ -242,13 +243,13 @@ class Replication:
         # would only be reconciled twice (the second time against a cache that may not show the first's write yet,
         # a PUT bound to fail with a Conflict).
         if not (is_in_initial_list and self._source_cached(wrapper)):
-            self._map(wrapper)
+            self._map(wrapper, add_priority(is_in_initial_list))
 
-    def _map(self, wrapper: Obj | DeletedFinalStateUnknown) -> None:
+    def _map(self, wrapper: Obj | DeletedFinalStateUnknown, priority: int = 0) -> None:
         obj = wrapper.obj if isinstance(wrapper, DeletedFinalStateUnknown) else wrapper
         request = _source_request(obj)
         if request is not None:
-            self._loop.enqueue(request)
+            self._loop.enqueue(request, priority)
 
     def _map_update(self, old: Obj, new: Obj) -> None:
         # Both: a label edited by hand maps the new state to another source, and the wrapper's own source (the
@@ -256,14 +257,15 @@ class Replication:
         before, after = _source_request(old), _source_request(new)
         for request in {before, after} - {None}:
             assert request is not None
-            self._loop.enqueue(request)
+            self._loop.enqueue(request, update_priority(old, new))
 
     def _joined(self, cluster: str) -> None:
         """A cluster's source informer is in the union: revisit the wrappers recorded for it, whose sources may
-        have gone while it was away (no event of the cluster would name them)."""
+        have gone while it was away (no event of the cluster would name them); with the cluster's initial list,
+        behind live changes."""
         for wrapper in self._wrappers.store.by_index(_BY_CLUSTER, cluster):
             if not self._source_cached(wrapper):  # the others come with the union's replay of the cluster
-                self._map(wrapper)
+                self._map(wrapper, LOW_PRIORITY)
 
     def _source_cached(self, wrapper: Obj) -> bool:
         """Whether the wrapper's source is in its cluster's cache (False when that cluster has not joined)."""
