@@ -276,8 +276,10 @@ class _Page:
             for m in s.get("members", [])])
 
         def unit(name: str) -> Any:
-            return _member_link(name) if clusters and name in self.member_names else (
-                display_name(name) if clusters else name)
+            """A unit linked to its member's or controller's section when the page has one."""
+            if clusters:
+                return _member_link(name) if name in self.member_names else display_name(name)
+            return _controller_link(name) if name in self.controllers else name
 
         units = _table([f"Unit ({s.get('kind', '')})", "State here", "Lease holder", "Transitions", "Assigned to"], [
             [unit(u["unit"]), _pill(u.get("state", "")), u.get("holder") or "-",
@@ -586,7 +588,7 @@ th{font-size:12px;color:var(--muted);font-weight:600;text-transform:uppercase;le
 white-space:nowrap}
 .good{color:var(--good)}.warn{color:var(--warn)}.bad{color:var(--bad)}.muted{color:var(--muted)}
 .plain{color:var(--fg)}.bad-text{color:var(--bad)}.nowrap,td>a{white-space:nowrap}
-.error{color:var(--bad);overflow-wrap:anywhere}.clip{display:inline-block;max-width:22em;white-space:nowrap;
+.error{color:var(--bad);overflow-wrap:anywhere}.clip{display:inline-block;max-width:18em;white-space:nowrap;
 overflow:hidden;text-overflow:ellipsis;vertical-align:bottom}
 pre.error{white-space:pre-wrap;margin:2px 0;font-size:12px}code{font-size:12px}
 .hint{color:var(--accent);font-style:italic}
