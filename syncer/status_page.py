@@ -303,8 +303,10 @@ class _Page:
             else "not yet", "; configurations: ", w.get("configurations", ""),
             _join(["; ", _tag("span", w["last_error"], "error")]) if w.get("last_error") else ""]))
         certificate = _tag("p", _join([
-            "Certificate: ", cert.get("source", ""), " ", _tag("code", cert.get("subject", "")), "; ",
-            self.expiry(cert.get("not_after", "")), f"; reloaded {cert.get('reloads', 0)} time(s); client "
+            "Certificate: ", cert.get("source", ""), " ", _tag("code", cert.get("subject", "")), " ",
+            self.expiry(cert.get("not_after", "")), "; its CA ",
+            self.expiry(cert["ca_not_after"]) if cert.get("ca_not_after") else "not known (no ca.crt)",
+            f"; reloaded {cert.get('reloads', 0)} time(s); client "
             f"certificates {cert.get('client_certificates', '')}",
             _join(["; ", cert["rotation"]]) if cert.get("rotation") else "",
             _join(["; ", _tag("span", cert["last_error"], "error")]) if cert.get("last_error") else ""]))

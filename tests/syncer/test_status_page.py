@@ -251,6 +251,7 @@ def test_syncer_status_open_prints_the_page_url(tmp_path: Path) -> None:
 # -- the page without a browser ----------------------------------------------------------------------------------
 NOW = 1_800_000_000.0
 EXPIRY = datetime.fromtimestamp(NOW + 38.5 * 86400, timezone.utc).isoformat()
+CA_EXPIRY = datetime.fromtimestamp(NOW + 10.5 * 86400, timezone.utc).isoformat()
 EVIL = "<script>alert(1)</script>\"'&"
 
 
@@ -314,7 +315,7 @@ def full_doc() -> dict[str, Any]:
                        "for_seconds": 99.0}],
         "webhooks": {
             "ready": True, "self_dial": True, "called_by_api_server": True, "bind": "0.0.0.0:9443", "last_error": "",
-            "certificate": {"source": "self-signed", "subject": f"CN={EVIL}", "not_after": EXPIRY,
+            "certificate": {"source": "self-signed", "subject": f"CN={EVIL}", "not_after": EXPIRY, "ca_not_after": CA_EXPIRY,
                             "reloads": 1, "client_certificates": "not required", "rotation": "", "last_error": ""},
             "configurations": "managed: syncer-x",
             "webhooks": [{"name": "validate", "kind": "validating", "path": "/validate", "failure_policy": "Fail",
@@ -356,7 +357,7 @@ def test_the_page_shows_every_part_and_escapes_user_data() -> None:
         "report widgets.v1.ex.io east 1 5 (1)",
         "Group g; 1 unit(s) owned here; leases listed; handing over: down",
         "a (this replica) 2", "down handing-over a 0 b",
-        "serving on 0.0.0.0:9443", f"CN={EVIL}", "expires in 38 days",
+        "serving on 0.0.0.0:9443", f"CN={EVIL}", f"CN={EVIL} expires in 38 days ({EXPIRY}); its CA expires in 10 days ({CA_EXPIRY})",
         "validate validating /validate Fail 10 7 2 1 2.1 ms 30.0 ms",
         "widgets.ex.io conversion /convert managed 4 4 - 0 - -",
         f"widgets.v1.ex.io Widget error crd list failed: {EVIL}",
