@@ -143,7 +143,7 @@ def test_a_browser_shows_the_page_of_a_fleet_sidecar(control_plane: ControlPlane
             states = {c["name"]: c["state"] for c in car.status().get("controllers", [])}
             return all(states.get(f"configmap-count (cluster {m})") == "running" for m in ("east", "west"))
 
-        car.wait(running, "configmap-count running in east and west", timeout=60)
+        car.wait(running, "configmap-count running in east and west", timeout=90)
         made = [0]
 
         def charted() -> bool:  # some reconciles meanwhile, so that the charts have something to show
