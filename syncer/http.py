@@ -15,12 +15,12 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from .status_history import StatusHistory
+
 if TYPE_CHECKING:
     from controllers.health import HealthItem
 
     from .debug import StallWatch  # imported only with debug on
-
-from .status_history import StatusHistory
 
 # The event loop is considered stuck when a ticker is this late.
 _LOOP_STALL = 5.0

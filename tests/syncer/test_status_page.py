@@ -393,6 +393,7 @@ def test_history_keeps_the_last_samples_of_rates_latency_and_depth() -> None:
     history = StatusHistory(interval=5, size=4, registry=registry, clock=lambda: clock[0])
     history.sample()
     assert history.trends() == {} and history.window == 20
+    assert not list(registry.collect())  # reading made no metric family
     metrics = reconcile_metrics("c", registry)
     queue: WorkQueue[str] = WorkQueue("c", metrics_registry=registry)
     idle: WorkQueue[str] = WorkQueue("idle-queue", metrics_registry=registry)
