@@ -95,3 +95,10 @@ def reconcile_metrics(controller: str, registry: CollectorRegistry | None = None
     if found is None:
         found = controllers[controller] = ReconcileMetrics()
     return found
+
+
+def reconcile_records(registry: CollectorRegistry | None = None) -> dict[str, ReconcileMetrics]:
+    """The record of every controller name on ``registry`` so far, to read without a scrape (the status page's
+    history samples them); none is made."""
+    collector = _Collector.registered(registry)
+    return dict(collector.controllers) if collector is not None else {}

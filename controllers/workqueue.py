@@ -57,11 +57,16 @@ class _Collector(MetricSet):
         self.queues: "weakref.WeakSet[WorkQueue[Any]]" = weakref.WeakSet()
         registry.register(self)
 
-    def collect(self) -> Iterator[Metric]:
+    def by_name(self) -> dict[str, list[WorkQueue[Any]]]:
+        """The live queues (not shutting down), by name."""
         by_name: dict[str, list[WorkQueue[Any]]] = {}
         for q in list(self.queues):
             if not q.shutting_down:
                 by_name.setdefault(q.name, []).append(q)
+        return by_name
+
+    def collect(self) -> Iterator[Metric]:
+        by_name = self.by_name()
         depth = GaugeMetricFamily("workqueue_depth", "Current depth of the workqueue.", labels=["name", "priority"])
         adds = CounterMetricFamily("workqueue_adds_total", "Adds handled by the workqueue.", labels=["name"])
         retries = CounterMetricFamily("workqueue_retries_total", "Rate-limited re-adds.", labels=["name"])
@@ -102,6 +107,15 @@ def _depths(queues: list["WorkQueue[Any]"]) -> list[tuple[str, int]]:
     if plain or not by_level:
         out.append(("", plain))
     return out
+
+
+def queue_depths(registry: CollectorRegistry | None = None) -> dict[str, int]:
+    """``workqueue_depth`` without a scrape: the items waiting in the live named queues of ``registry``, summed by
+    name (the status page's history samples them)."""
+    collector = _Collector.registered(registry)
+    if collector is None:
+        return {}
+    return {name: sum(len(q) for q in queues) for name, queues in collector.by_name().items()}
 
 
 class WorkQueue(Generic[T]):

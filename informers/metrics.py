@@ -32,6 +32,12 @@ class MetricSet:
             found = per_class[cls] = cls(reg)
         return found
 
+    @classmethod
+    def registered(cls: type[M], registry: CollectorRegistry | None = None) -> M | None:
+        """The instance registered on ``registry`` if one was made (a reader that must not add families)."""
+        found: M | None = _sets.get(registry if registry is not None else REGISTRY, {}).get(cls)
+        return found
+
 
 class Histogram:
     """A lock-free histogram for the single-threaded event loop: ``observe`` is a bisect and two additions,

@@ -1,5 +1,9 @@
 """The sidecar's HTTP endpoints: ``/healthz``, ``/readyz``, ``/metrics`` and ``/status``; with ``debug``, also
-``/debug/tasks`` and ``/debug/stalls`` (``debug.py``)."""
+``/debug/tasks`` and ``/debug/stalls`` (``debug.py``).
+
+``/status`` answers JSON, unless the request prefers HTML (a browser's ``Accept``) or asks for a format
+(``?format=html`` or ``json``): then the page of ``status_page.py``, with the charts of the history this server
+samples (``status_history.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from .status_history import StatusHistory
 
 if TYPE_CHECKING:
     from controllers.health import HealthItem
@@ -37,6 +43,8 @@ class StatusServer:
         self._status, self._health, self._not_ready = status, health, not_ready
         self._runner: web.AppRunner | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self.history = StatusHistory()
+        self._sampler: asyncio.Task[None] | None = None
         self._next_tick = time.monotonic() + _TICK
         self._last_lag = 0.0
 
@@ -62,12 +70,14 @@ class StatusServer:
         if self.stall_watch is not None:  # only once serving: a failed start leaves nothing running
             self.stall_watch.start()
         self._ticker = asyncio.create_task(self._tick(), name="event loop ticker")
+        self._sampler = asyncio.create_task(self.history.run(), name="status history")
 
     async def stop(self) -> None:
-        """Stop serving and the ticker."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        """Stop serving, the ticker and the history's sampling."""
+        for task in (self._ticker, self._sampler):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
         if self.stall_watch is not None:
@@ -99,7 +109,19 @@ class StatusServer:
         return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _status_handler(self, request: web.Request) -> web.Response:
-        return _json(self._status(), 200)
+        wanted = request.query.get("format")
+        if wanted not in (None, "json", "html"):
+            return web.Response(status=400, text=f"format={wanted!r}: use format=json or format=html\n")
+        if wanted == "html" or (wanted is None and prefers_html(request.headers.get("Accept", ""))):
+            from . import status_page  # the page's code is only loaded by a process someone looks at
+
+            page = status_page.render(self._status(), self.history.trends(), self.history.window)
+            return web.Response(text=page, content_type="text/html", charset="utf-8", headers={
+                "Vary": "Accept", "Cache-Control": "no-store",
+                "Content-Security-Policy": status_page.CONTENT_SECURITY_POLICY})
+        response = _json(self._status(), 200)
+        response.headers["Vary"] = "Accept"
+        return response
 
     async def _tasks_handler(self, request: web.Request) -> web.Response:
         from .debug import task_dump
@@ -109,6 +131,27 @@ class StatusServer:
     async def _stalls_handler(self, request: web.Request) -> web.Response:
         assert self.stall_watch is not None
         return _json({"threshold_seconds": self.stall_watch.threshold, "stalls": self.stall_watch.report()}, 200)
+
+
+def prefers_html(accept: str) -> bool:
+    """Whether an ``Accept`` header ranks ``text/html`` above JSON: a browser's does, while none, ``*/*`` (curl,
+    urllib) or a tie keep the JSON that scripts have always had."""
+    html_q = json_q = 0.0
+    for item in accept.split(","):
+        media, *params = (p.strip() for p in item.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if media.lower() == "text/html":
+            html_q = max(html_q, q)
+        elif media.lower() in ("application/json", "application/*", "*/*"):
+            json_q = max(json_q, q)
+    return html_q > json_q
 
 
 def _json(body: Any, status: int) -> web.Response:

@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                   ).set_defaults(func=cmd_discover)
     status = with_settings(sub.add_parser("status", help="show a running sidecar's status"), cluster=False)
     status.add_argument("--url", help="status URL (default: from http_bind)")
+    status.add_argument("--open", action="store_true",
+                        help="print the URL of the status page, for a browser, once the sidecar answers there")
     status.set_defaults(func=cmd_status)
     sub.add_parser("settings", help="list every setting: default, type and range, environment variable"
                    ).set_defaults(func=cmd_settings)

@@ -18,13 +18,16 @@ _UNIT_HEADERS = {UnitKind.CLUSTERS: "CLUSTER UNIT", UnitKind.CONTROLLERS: "CONTR
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """``syncer status``: the ``/status`` of the sidecar at ``--url`` or at the settings' ``http_bind``."""
+    """``syncer status``: the ``/status`` of the sidecar at ``--url`` or at the settings' ``http_bind``; with
+    ``--open``, the URL of its page instead (the same address: a browser gets the page)."""
     url, origin = args.url, "--url"
     if not url:
         settings = settings_of(args)
         host, _, port = settings.http_bind.rpartition(":")
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/status"
         origin = _http_bind_origin(settings)
+    if args.open:
+        return _page_url(url, origin)
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             doc = json.load(resp)
@@ -57,6 +60,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     if troubled:
         print()
         print_table([("BACKGROUND TASK", "STATE", "RESTARTS", "LAST ERROR"), *troubled])
+    return 0
+
+
+def _page_url(url: str, origin: str) -> int:
+    """Print ``url`` once the sidecar there answers it with its page (asked as a browser asks)."""
+    request = urllib.request.Request(url, headers={"Accept": "text/html"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            page = resp.headers.get_content_type() == "text/html"
+    except (urllib.error.URLError, OSError) as e:
+        print(f"error: no syncer answering at {url} ({origin}): {e}", file=sys.stderr)
+        return 1
+    if not page:
+        print(f"error: {url} did not answer with a status page (an older syncer, or something else)",
+              file=sys.stderr)
+        return 1
+    print(url)
     return 0
 
 

@@ -76,6 +76,17 @@ class _Loaded:
     leaf: x509.Certificate
     ca_bundle: bytes | None
 
+    def ca_not_after(self) -> str:
+        """When the first CA of the bundle expires (ISO 8601; "" without a bundle): the API server stops trusting
+        the serving certificate then, however long the certificate itself has left."""
+        if not self.ca_bundle:
+            return ""
+        try:
+            authorities = x509.load_pem_x509_certificates(self.ca_bundle)
+        except ValueError:  # none in it
+            return ""
+        return min(a.not_valid_after_utc for a in authorities).isoformat()
+
 
 class ServingCertificates:
     """The server's certificate: from ``cert_dir`` (``tls.crt``, ``tls.key`` and, for the configurations'
@@ -194,10 +205,11 @@ class ServingCertificates:
         return True
 
     def status(self) -> dict[str, Any]:
-        """Source, expiry, reload count and last reload error."""
+        """Source, expiry (the certificate's and its CA's), reload count and last reload error."""
         leaf = self._loaded.leaf if self._loaded else None
         return {"source": self.source, "subject": leaf.subject.rfc4514_string() if leaf else "",
-                "not_after": leaf.not_valid_after_utc.isoformat() if leaf else "", "reloads": self.reloads,
+                "not_after": leaf.not_valid_after_utc.isoformat() if leaf else "",
+                "ca_not_after": self._loaded.ca_not_after() if self._loaded else "", "reloads": self.reloads,
                 "client_certificates": "verified" if self.client_ca_file else "not required",
                 "rotation": "pending: a certificate of a new CA waits until the API server trusts both CAs"
                 if self._pending else "", "last_error": self.last_error}

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAZY = ["kubernetes", "cryptography", "dynaconf", "tenacity", "aiohttp.web", "syncer.webhook.service",
         "syncer.webhook.server", "syncer.webhook.certificates", "syncer.shards", "syncer.shard_units",
         "syncer.shard_group", "syncer.shard_state", "syncer.fences", "syncer.workloads.sharded",
-        "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin"]
+        "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin", "syncer.status_page"]
 
 
 def _imported(code: str, tmp_path: Path) -> list[str]:

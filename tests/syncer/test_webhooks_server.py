@@ -306,6 +306,8 @@ async def test_self_signed_certificate_names_the_hosts_and_ca_verifies_it(serve)
     context = client_context(served.ca_pem)  # checks the host name 127.0.0.1 against the certificate
     status, _ = await served.post("/validating/v.widgets.example.com", review(), context=context)
     assert status == 200 and served.server.certificates.source == "self-signed"
+    shown = served.server.certificates.status()  # our CA ends when the certificate it signed does
+    assert shown["ca_not_after"] == shown["not_after"] != ""
 
 
 async def test_unusable_certificate_files_name_the_setting(tmp_path: Path) -> None:
