@@ -2,7 +2,8 @@
 one per-cluster ConfigMap controller) against the client-go peer, N members, one after the other in one run.
 
     .venv/bin/python bench/fleet_sidecar_bench.py [--clusters 200] [--objects 20] [--rounds 2] \
-        [--peer-bin bench/out/clientgo_multicluster] [--profile bench/out/bringup.svg] [--json OUT]
+        [--peer-bin bench/out/clientgo_multicluster] [--profile bench/out/bringup.svg] [--json OUT] \
+        [--old-tree /tmp/old-tree]
 
 Two local control planes: management (the members' kubeconfig Secrets) and workload (every member's kubeconfig
 points at it, admin token; namespace ``bench`` holds ``--objects`` ConfigMaps). Contenders, a fresh process each
@@ -12,6 +13,8 @@ per round, order alternating by round:
   otherwise (uvloop, HTTP/2, ``watch = "required"``), the plugin bench/plugins_fleet_probe.py (prints each
   member's first reconcile on stdout), INFO logs to bench/out/.
 - ``client-go``: bench/clientgo_multicluster with ConfigMaps only (``-gvrs /v1/configmaps``), 2 workers.
+- ``sidecar-old`` (with ``--old-tree``): the sidecar of another checkout of this repository (its cwd and
+  ``PYTHONPATH``), same settings and plugin: before/after in the same run.
 
 Per round: the process started and idle 3 s (start-up RSS), N Secrets created at once, every member's first
 reconcile awaited: time from the first POST to the last first-reconcile, the process's CPU over that; 5 s later
@@ -53,15 +56,16 @@ def free_port() -> int:
 class Sidecar(Proc):
     """``syncer run``: started once ``/readyz`` answers 200."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, port: int) -> None:
+    def __init__(self, name: str, argv: list[str], log: Path, port: int, tree: Path = ROOT) -> None:
         super().__init__(name, argv, log)
-        self.port = port
+        self.port, self.tree = port, tree
 
     async def start(self) -> None:
         import psutil
 
+        env = {**os.environ, "PYTHONPATH": str(self.tree)}
         self.proc = await asyncio.create_subprocess_exec(*self.argv, stdout=asyncio.subprocess.PIPE,
-                                                         stderr=self.log.open("ab"), cwd=ROOT)
+                                                         stderr=self.log.open("ab"), cwd=self.tree, env=env)
         self.ps = psutil.Process(self.proc.pid)
         self._reader = asyncio.create_task(self._read())
         deadline = time.monotonic() + 60
@@ -141,14 +145,16 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     settings.write_text(
                         f'kubeconfig = "{kubeconfig}"\nplugins = ["{BENCH / "plugins_fleet_probe.py"}"]\n'
                         f'http_bind = "127.0.0.1:{port}"\n[clusters]\nenabled = true\nnamespaces = ["{ns}"]\n')
-                    p = Sidecar(name, [sys.executable, "-m", "syncer", "run", "--settings", str(settings)], log, port)
+                    tree = Path(args.old_tree) if name == "sidecar-old" else ROOT
+                    p = Sidecar(name, [sys.executable, "-m", "syncer", "run", "--settings", str(settings)], log, port,
+                                tree)
                 procs.append(p)
                 return p
 
-            contenders = ("sidecar", "client-go")
+            contenders = ("sidecar", "client-go", *(("sidecar-old",) if args.old_tree else ()))
             rounds: dict[str, list[dict[str, float]]] = {n: [] for n in contenders}
             for r in range(args.rounds):
-                for n in (contenders if r % 2 == 0 else contenders[::-1]):
+                for n in (contenders if r % 2 == 0 else contenders[::-1]):  # A B C, then C B A
                     ns = f"fsb-{n.replace('-', '')}-{r}"
                     profile = args.profile if (args.profile and n == "sidecar" and not rounds[n]) else None
                     res = await bring_up(mgmt, make(n, ns, f"r{r}"), ns, data, args.clusters, profile)
@@ -156,8 +162,9 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     print(json.dumps({"round": r, "contender": n, **{k: round(v, 3) for k, v in res.items()}}),
                           file=sys.stderr, flush=True)
             medians = {n: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for n, rs in rounds.items()}
-            ratios = {k: [a[k] / b[k] for a, b in zip(rounds["sidecar"], rounds["client-go"])]
-                      for k in rounds["sidecar"][0]}
+            ratios = {other: {k: [a[k] / b[k] if b[k] else float("nan") for a, b in zip(rounds[other],
+                                                                                        rounds["client-go"])]
+                              for k in rounds["sidecar"][0]} for other in contenders if other != "client-go"}
             return {"args": vars(args), "rounds": rounds, "medians": medians, "ratios": ratios}
     finally:
         for p in procs:
@@ -174,6 +181,7 @@ def main() -> None:
     p.add_argument("--peer-bin", help="a built bench/clientgo_multicluster (default: go build it)")
     p.add_argument("--profile", help="py-spy flame graph of the sidecar's first bring-up (SVG path)")
     p.add_argument("--json", default=str(OUT / "fleet-sidecar.json"))
+    p.add_argument("--old-tree", help="another checkout whose sidecar runs too (contender sidecar-old)")
     args = p.parse_args()
     import resource
 
@@ -181,10 +189,12 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     result = asyncio.run(harness(args))
     Path(args.json).write_text(json.dumps(result, indent=1))
-    print("| figure | sidecar | client-go | ratio (per round) |\n|---|---:|---:|---|")
+    names = list(result["medians"])
+    print("| figure | " + " | ".join(names) + " | " + " | ".join(f"{n} / client-go (per round)" for n in result["ratios"])
+          + " |\n|---|" + "---:|" * len(names) + "---|" * len(result["ratios"]))
     for k in result["medians"]["sidecar"]:
-        print(f"| {k} | {result['medians']['sidecar'][k]:.3f} | {result['medians']['client-go'][k]:.3f} | "
-              f"{', '.join(f'{r:.2f}' for r in result['ratios'][k])} |")
+        print(f"| {k} | " + " | ".join(f"{result['medians'][n][k]:.3f}" for n in names) + " | " +
+              " | ".join(", ".join(f"{r:.2f}" for r in result["ratios"][n][k]) for n in result["ratios"]) + " |")
 
 
 if __name__ == "__main__":

@@ -448,11 +448,12 @@ async def _events(resp: Response) -> AsyncIterator[dict[str, Any]]:
         if not chunk:
             return
         view = memoryview(chunk)
+        line: bytes | memoryview = b""
         start = 0
         while (end := chunk.find(b"\n", start)) >= 0:
             if pending:
                 pending.append(chunk[start:end])
-                line: bytes | memoryview = b"".join(pending)
+                line = b"".join(pending)
                 pending.clear()
             else:
                 line = view[start:end]
@@ -461,6 +462,9 @@ async def _events(resp: Response) -> AsyncIterator[dict[str, Any]]:
             start = end + 1
         if start < len(chunk):
             pending.append(chunk[start:])
+        # Not held while the next chunk is awaited (a watch may then be quiet for minutes): a watch-list's initial
+        # events arrive in chunks of up to a flow-control window, one per watch.
+        del chunk, view, line
 
 
 def _error(resp: Response, raw: bytes) -> ApiError:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import itertools
 import random
 import time
@@ -89,7 +90,13 @@ class GVRState(enum.StrEnum):
     ERROR = "error"
 
 
-@dataclass
+@functools.lru_cache(maxsize=256)
+def _sorted(verbs: frozenset[str]) -> tuple[str, ...]:
+    """A verb set as the status shows it, one tuple per distinct set (every member's statuses share them)."""
+    return tuple(sorted(verbs))
+
+
+@dataclass(slots=True)
 class GVRStatus:
     """One GVR's state (with ``reason`` when it is not watched or not well)."""
 
@@ -446,7 +453,7 @@ class DiscoveringDynamicSharedInformerFactory:
         for gvr, info in result.resources.items():
             crd = crds.get((gvr.group, gvr.resource)) if crds is not None else None
             st = status[gvr] = GVRStatus(gvr, GVRState.DISCOVERED, kind=info.kind, namespaced=info.namespaced,
-                                         verbs=tuple(sorted(info.verbs)),
+                                         verbs=_sorted(info.verbs),
                                          source="crd" if crd else
                                          "aggregated" if gvr.group_version in aggregated else "builtin")
             if crds is not None and crd is None and self.triggers.was_crd(gvr):

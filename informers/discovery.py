@@ -5,6 +5,12 @@ legacy per-group-version discovery on servers without it. A group-version whose 
 (stale in aggregated discovery, 503 or a time-out in legacy discovery) keeps its last known resources, marked
 stale, and never holds up the rest.
 
+An aggregated discovery document is parsed once per process, not once per client: the parsed form of the last
+few distinct documents is kept, keyed by the document's bytes, and shared (it is immutable). A fleet's members
+mostly run the same Kubernetes version with the same CRDs, so they send the same bytes; decoding them took most
+of a member's discovery CPU, and each member's own copy of ~70 ``ResourceInfo`` was most of its memory outside
+the caches.
+
 Unlike client-go, whose ``ServerGroupsAndResources`` returns one aggregate error the caller must pick apart,
 a refusal of ``/api`` or ``/apis`` itself (401/403: the credentials or RBAC are wrong) is raised as its own
 type, ``DiscoveryForbidden``: retrying it changes nothing, so a caller that retries transport errors forever
@@ -14,11 +20,14 @@ must be able to tell it apart and say so.
 from __future__ import annotations
 
 import asyncio
+import collections
 import difflib
+import types
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Awaitable, Iterable, TypeVar
+from typing import Any, Awaitable, Iterable, Mapping, TypeVar
 
+import orjson
 from loguru import logger
 
 from .client import CONNECTION_ERRORS, ApiClient
@@ -81,6 +90,52 @@ def not_served(gvr: GVR, served: Iterable[GVR]) -> str:
     return f"not served: no CRD or APIService provides it{hint}"
 
 
+@dataclass(frozen=True)
+class _Aggregated:
+    """What one aggregated discovery document says (read-only; shared by every client that received it)."""
+
+    resources: Mapping[GVR, ResourceInfo]
+    stale_group_versions: frozenset[str]
+
+
+_PARSED: "collections.OrderedDict[bytes, _Aggregated | None]" = collections.OrderedDict()
+_PARSED_KEPT = 8  # distinct documents: /api and /apis of a few server versions or CRD sets
+
+
+def _parsed_aggregated(raw: bytes) -> _Aggregated | None:
+    """The parsed document (None: not an ``APIGroupDiscoveryList``), from the cache when these bytes came before."""
+    try:
+        _PARSED.move_to_end(raw)
+        return _PARSED[raw]
+    except KeyError:
+        pass
+    doc = orjson.loads(raw) if raw else None
+    parsed = _read_aggregated(doc) if isinstance(doc, dict) and doc.get("kind") == "APIGroupDiscoveryList" else None
+    _PARSED[raw] = parsed
+    if len(_PARSED) > _PARSED_KEPT:
+        _PARSED.popitem(last=False)
+    return parsed
+
+
+def _read_aggregated(doc: dict[str, Any]) -> _Aggregated:
+    resources: dict[GVR, ResourceInfo] = {}
+    stale: set[str] = set()
+    for group in doc.get("items") or ():
+        gname = (group.get("metadata") or {}).get("name", "")
+        for i, version in enumerate(group.get("versions") or ()):
+            v = version["version"]
+            gv = f"{gname}/{v}" if gname else v
+            if version.get("freshness") == "Stale":
+                stale.add(gv)
+                continue
+            for res in version.get("resources") or ():
+                gvr = GVR(gname, v, res["resource"])
+                kind = (res.get("responseKind") or {}).get("kind", "")
+                resources[gvr] = ResourceInfo(
+                    gvr, kind, res.get("scope") == "Namespaced", frozenset(res.get("verbs") or ()), i == 0)
+    return _Aggregated(types.MappingProxyType(resources), frozenset(stale))
+
+
 class DiscoveryClient:
     """Discovers served resources; remembers the last result so unavailable group-versions keep their GVRs."""
 
@@ -95,11 +150,14 @@ class DiscoveryClient:
         """One discovery pass over ``/api`` and ``/apis``."""
         result = DiscoveryResult()
         if self.aggregated is not False:
-            docs = await _all(*(self._get(p, result, _AGGREGATED) for p in ("/api", "/apis")))
-            if all(d.get("kind") == "APIGroupDiscoveryList" for d in docs):
+            raws = await _all(*(self._get_bytes(p, result, _AGGREGATED) for p in ("/api", "/apis")))
+            docs = [_parsed_aggregated(raw) for raw in raws]
+            if all(doc is not None for doc in docs):
                 self.aggregated = True
                 for doc in docs:
-                    self._read_aggregated(doc, result)
+                    assert doc is not None
+                    result.resources.update(doc.resources)
+                    result.stale_group_versions |= doc.stale_group_versions
             else:
                 self._log.info("server has no aggregated discovery; using per-group-version discovery")
                 self.aggregated = False
@@ -114,30 +172,17 @@ class DiscoveryClient:
         return result
 
     async def _get(self, path: str, result: DiscoveryResult, accept: str = "application/json") -> dict:  # type: ignore[type-arg]
+        doc = orjson.loads(raw) if (raw := await self._get_bytes(path, result, accept)) else None
+        return doc if isinstance(doc, dict) else {}
+
+    async def _get_bytes(self, path: str, result: DiscoveryResult, accept: str) -> bytes:
         result.requests += 1
         try:
-            doc = await self.client.request("GET", path, headers={"Accept": accept}, timeout=self.timeout)
+            return await self.client.request_bytes("GET", path, headers={"Accept": accept}, timeout=self.timeout)
         except ApiError as e:
             if path in ("/api", "/apis") and e.status in (401, 403):
                 raise DiscoveryForbidden(e) from e
             raise
-        return doc if isinstance(doc, dict) else {}
-
-    @staticmethod
-    def _read_aggregated(doc: dict, result: DiscoveryResult) -> None:  # type: ignore[type-arg]
-        for group in doc.get("items") or ():
-            gname = (group.get("metadata") or {}).get("name", "")
-            for i, version in enumerate(group.get("versions") or ()):
-                v = version["version"]
-                gv = f"{gname}/{v}" if gname else v
-                if version.get("freshness") == "Stale":
-                    result.stale_group_versions.add(gv)
-                    continue
-                for res in version.get("resources") or ():
-                    gvr = GVR(gname, v, res["resource"])
-                    kind = (res.get("responseKind") or {}).get("kind", "")
-                    result.resources[gvr] = ResourceInfo(
-                        gvr, kind, res.get("scope") == "Namespaced", frozenset(res.get("verbs") or ()), i == 0)
 
     async def _legacy(self, result: DiscoveryResult) -> None:
         core, groups = await _all(self._get("/api", result), self._get("/apis", result))

@@ -1,6 +1,7 @@
 """The sidecar's HTTP endpoints: ``/healthz``, ``/readyz``, ``/metrics`` and ``/status``; with ``debug``, also
 ``/debug/tasks`` and ``/debug/stalls`` (``debug.py``).
 
+Served by ``http_server.py`` (not aiohttp, whose import alone was a fifth of the sidecar's start-up memory).
 ``/status`` answers JSON, unless the request prefers HTML (a browser's ``Accept``) or asks for a format
 (``?format=html`` or ``json``): then the page of ``status_page.py``, with the charts of the history this server
 samples (``status_history.py``)."""
@@ -12,9 +13,9 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from .http_server import Handler, HttpServer, Request, Response
 from .status_history import StatusHistory
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class StatusServer:
             self.stall_watch = StallWatch()
         self.host, self.port = host, int(port)
         self._status, self._health, self._not_ready = status, health, not_ready
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.history = StatusHistory()
         self._sampler: asyncio.Task[None] | None = None
@@ -50,23 +51,13 @@ class StatusServer:
 
     async def start(self) -> None:
         """Bind and serve (raises OSError if the address is taken)."""
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/status", self._status_handler)
+        routes: dict[str, Handler] = {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
+                                      "/status": self._status_handler}
         if self.stall_watch is not None:
-            app.router.add_get("/debug/tasks", self._tasks_handler)
-            app.router.add_get("/debug/stalls", self._stalls_handler)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        try:
-            await site.start()
-        except BaseException:
-            await self._runner.cleanup()
-            self._runner = None
-            raise
+            routes.update({"/debug/tasks": self._tasks_handler, "/debug/stalls": self._stalls_handler})
+        server = HttpServer(self.host, self.port, routes)
+        await server.start()
+        self._server = server
         if self.stall_watch is not None:  # only once serving: a failed start leaves nothing running
             self.stall_watch.start()
         self._ticker = asyncio.create_task(self._tick(), name="event loop ticker")
@@ -78,8 +69,8 @@ class StatusServer:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.stop()
         if self.stall_watch is not None:
             await self.stall_watch.stop()
 
@@ -93,7 +84,7 @@ class StatusServer:
         """How late the event loop is now: the ticker's last oversleep, or how overdue the next tick is."""
         return max(self._last_lag, time.monotonic() - self._next_tick, 0.0)
 
-    async def _healthz(self, request: web.Request) -> web.Response:
+    async def _healthz(self, request: Request) -> Response:
         lag = self.loop_lag()
         healthy, items = self._health()
         loop_ok = lag < _LOOP_STALL
@@ -101,34 +92,32 @@ class StatusServer:
                 "controllers": [i.as_dict() for i in items]}
         return _json(body, 200 if body["healthy"] else 503)
 
-    async def _readyz(self, request: web.Request) -> web.Response:
+    async def _readyz(self, request: Request) -> Response:
         why = self._not_ready()
-        return web.Response(text=f"not ready: {why}\n" if why else "ok\n", status=503 if why else 200)
+        return Response(f"not ready: {why}\n".encode() if why else b"ok\n", 503 if why else 200)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def _metrics(self, request: Request) -> Response:
+        return Response(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
-    async def _status_handler(self, request: web.Request) -> web.Response:
+    async def _status_handler(self, request: Request) -> Response:
         wanted = request.query.get("format")
         if wanted not in (None, "json", "html"):
-            return web.Response(status=400, text=f"format={wanted!r}: use format=json or format=html\n")
-        if wanted == "html" or (wanted is None and prefers_html(request.headers.get("Accept", ""))):
+            return Response(f"format={wanted!r}: use format=json or format=html\n".encode(), 400)
+        if wanted == "html" or (wanted is None and prefers_html(request.headers.get("accept", ""))):
             from . import status_page  # the page's code is only loaded by a process someone looks at
 
             page = status_page.render(self._status(), self.history.trends(), self.history.window)
-            return web.Response(text=page, content_type="text/html", charset="utf-8", headers={
+            return Response(page.encode(), content_type="text/html; charset=utf-8", headers={
                 "Vary": "Accept", "Cache-Control": "no-store",
                 "Content-Security-Policy": status_page.CONTENT_SECURITY_POLICY})
-        response = _json(self._status(), 200)
-        response.headers["Vary"] = "Accept"
-        return response
+        return _json(self._status(), 200, {"Vary": "Accept"})
 
-    async def _tasks_handler(self, request: web.Request) -> web.Response:
+    async def _tasks_handler(self, request: Request) -> Response:
         from .debug import task_dump
 
-        return web.Response(text=task_dump())
+        return Response(task_dump().encode())
 
-    async def _stalls_handler(self, request: web.Request) -> web.Response:
+    async def _stalls_handler(self, request: Request) -> Response:
         assert self.stall_watch is not None
         return _json({"threshold_seconds": self.stall_watch.threshold, "stalls": self.stall_watch.report()}, 200)
 
@@ -154,6 +143,6 @@ def prefers_html(accept: str) -> bool:
     return html_q > json_q
 
 
-def _json(body: Any, status: int) -> web.Response:
-    return web.Response(body=orjson.dumps(body, option=orjson.OPT_INDENT_2), status=status,
-                        content_type="application/json")
+def _json(body: Any, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body, option=orjson.OPT_INDENT_2), status, "application/json; charset=utf-8",
+                    headers or {})

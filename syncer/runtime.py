@@ -109,7 +109,7 @@ class Syncer:
 
             self.webhooks = WebhookService(settings.webhooks, plugins.webhooks, client, self.identity,
                                            self.supervisor, plugins.conversions)
-        from .http import StatusServer  # aiohttp's server, which the library parts never need
+        from .http import StatusServer  # the HTTP endpoints, which the library parts never need
 
         self.http = StatusServer(settings.http_bind, self.status, self.health, self.not_ready,
                                  debug=settings.debug_endpoints)

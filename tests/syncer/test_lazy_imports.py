@@ -63,8 +63,9 @@ Settings()
     assert _imported(code, tmp_path) == []
 
 
-def test_syncer_with_defaults_imports_only_its_http_server(tmp_path: Path) -> None:
-    """A Syncer with default settings (election off, no webhooks, no sharding, no debug endpoints)."""
+def test_syncer_with_defaults_imports_none_of_them(tmp_path: Path) -> None:
+    """A Syncer with default settings (election off, no webhooks, no sharding, no debug endpoints): its HTTP
+    endpoints are served without aiohttp's server."""
     code = """
 from informers import ApiClient
 from informers.kubeconfig import ClientConfig
@@ -72,7 +73,7 @@ from syncer.runtime import Syncer
 from syncer.settings import Settings
 Syncer(Settings(), ApiClient(ClientConfig("https://127.0.0.1:6443")), {})
 """
-    assert _imported(code, tmp_path) == ["aiohttp.web"]
+    assert _imported(code, tmp_path) == []
 
 
 def test_a_mode_imports_its_own_workload_only(tmp_path: Path) -> None:
@@ -86,7 +87,7 @@ from syncer.settings import Settings
 s = Settings()
 Syncer(replace(s, clusters=replace(s.clusters, enabled=True)), ApiClient(ClientConfig("https://127.0.0.1:6443")), {})
 """
-    assert _imported(code, tmp_path) == ["aiohttp.web", "syncer.workloads.fleet"]
+    assert _imported(code, tmp_path) == ["syncer.workloads.fleet"]
 
 
 def test_what_only_the_package_loads_imports_it(tmp_path: Path) -> None:
