@@ -212,7 +212,7 @@ async def test_a_unit_whose_lease_is_taken_stops_at_once(control_plane: Any, nam
         await eventually(lambda: recorder.running == {"u0": "only"})
         fence = c.fence_for("u0")
         assert fence is not None and fence.valid()
-        lease = c._units["u0"].lease
+        lease = c._buckets[c.bucket("u0")].lease
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
         obj = await client.request("GET", path)
         await client.request("PUT", path, body=LeaseRecord.of(obj).taken_by("intruder", 30).to_object())
