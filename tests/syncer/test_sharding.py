@@ -263,7 +263,7 @@ def test_sidecars_share_controllers_and_hand_them_over_on_sigterm(control_plane:
     assert cars[1].proc.wait(30) == 0, cars[1].log[-3000:]
     cars[0].wait(lambda: running(cars[0]) == names, "every controller on the remaining replica", timeout=20)
     assert time.monotonic() - began < 6.0, "handed over, not left to expire"
-    assert "handing unit" in cars[1].log
+    assert "handing bucket" in cars[1].log
 
 
 async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane: Any, namespace: str) -> None:
