@@ -2,7 +2,7 @@
 Lease-backed buckets (``[sharding] buckets``), against the design before buckets (``buckets = 0``: a Lease per
 member) in the same run.
 
-    python bench/fleet_sharded_bench.py [--members 2000] [--replicas 4] [--apiservers 2] [--buckets 64,0]
+    python bench/fleet_sharded_bench.py [--members 2000] [--replicas 4] [--apiservers 2] [--buckets 60,0]
         [--idle 60] [--json bench/out/fleet-sharded.json]
 
 Control planes (``syncer.testing.ControlPlane``): one management plane (the member Secrets, namespace ``secrets``;
@@ -73,6 +73,7 @@ async def setup(mgmt: ApiClient, works: list[ApiClient], datas: list[bytes], mem
                 "data": {"kubeconfig": encoded[i % len(encoded)]}})
 
     await asyncio.gather(*(put(i) for i in range(members)))
+    log("secrets created", members=members)
 
 
 def exactly_once(v: View, n: int) -> bool:
@@ -103,6 +104,8 @@ async def one_config(http: aiohttp.ClientSession, mgmt_cp: Any, planes: dict[str
             double_polls += doubles(v) > 0
             if exactly_once(v, n):
                 break
+            if int(v.t - t0) % 10 < 2:
+                log("bringing up", buckets=buckets, running=len(v.running), seconds=round(v.t - t0))
             if time.time() - t0 > args.bring_up_timeout:
                 raise TimeoutError(f"bucket count {buckets}: not every member engaged after "
                                    f"{args.bring_up_timeout}s ({len(v.running)} of {n} running)")
@@ -210,7 +213,7 @@ def main() -> None:
     ap.add_argument("--members", type=int, default=2000)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--apiservers", type=int, default=2)
-    ap.add_argument("--buckets", default="64,0", help="bucket counts to run, in order (0: a Lease per member)")
+    ap.add_argument("--buckets", default="60,0", help="bucket counts to run, in order (0: a Lease per member)")
     ap.add_argument("--idle", type=float, default=60.0)
     ap.add_argument("--bring-up-timeout", type=float, default=600.0)
     ap.add_argument("--json", default=str(OUT / "fleet-sharded.json"))

@@ -67,6 +67,12 @@ from .shard_group import ShardGroup, bucket_lease
 from .shard_state import HANDOVER_SECONDS, HANDOVERS, LOST, OWNED, Bucket, Held, ShardMetrics, Units
 from .shard_state import UnitState as UnitState  # what ``status()`` shows
 
+# Unit starts run at most this many at once. A replica taking many buckets together (its first start, a dead
+# replica's share) would otherwise connect to, discover and sync hundreds of members at once, and the event loop
+# they saturate would answer no Lease renewal in time (measured: 500 member clusters at once per replica on a
+# loaded 2-core machine, every renewal timed out, every bucket lost and taken again).
+STARTS_AT_ONCE = 16
+
 
 class ShardCoordinator:
     """Spreads ``units`` over the replicas sharing ``config.group``, by bucket; ``start()`` joins, ``stop()`` hands
@@ -101,6 +107,7 @@ class ShardCoordinator:
         self._requests: set[asyncio.Task[None]] = set()  # takes and joins in flight
         self._collecting: set[str] = set()
         self._wake = asyncio.Event()
+        self._starts = asyncio.Semaphore(STARTS_AT_ONCE)
         self._closing = False
         self._assignment: tuple[tuple[frozenset[str], frozenset[str]], dict[str, str]] | None = None
         self._group = ShardGroup(client, config, identity, self.buckets, lambda: set(self._groups()), self._lost,
@@ -388,7 +395,9 @@ class ShardCoordinator:
 
     async def _start(self, b: Bucket, unit: str, fence: UnitFence) -> None:
         try:
-            await self.units.start(unit, fence)
+            async with self._starts:
+                if fence.valid():  # else its bucket is being stopped: this task is about to be cancelled
+                    await self.units.start(unit, fence)
         except Exception:
             self._log.exception("unit {} failed to start; it stays here, stopped, until its bucket {} moves",
                                 unit, b.name)

@@ -184,7 +184,7 @@ class Sharding:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     min_hold: float = 30.0
-    buckets: int = 64
+    buckets: int = 60
 
     def bucket_count(self, kind: str) -> int:
         """How many buckets units of ``kind`` are hashed into (0: a Lease per unit): managed controllers always have

@@ -17,7 +17,7 @@ from informers import ApiClient
 from syncer.lease import LeaseRecord, Observation
 from syncer.rendezvous import assign, bucket_of
 from syncer.settings import SettingsError, UnitKind, load_settings
-from syncer.shards import ShardCoordinator, UnitState
+from syncer.shards import ShardCoordinator, UnitFence, UnitState
 from syncer.testing.controlplane import RESTRICTED_USER
 from tests.helpers import eventually
 from tests.shard_group import Recorder, config, unconverged
@@ -361,7 +361,7 @@ def test_units_hash_into_a_bounded_number_of_stable_buckets() -> None:
     assert max(sizes.values()) < 2 * 10_000 / 64  # a hash spreads them: no bucket twice the mean
     # Controllers are few: each has a Lease of its own whatever the setting.
     s = load_settings(None).sharding
-    assert s.buckets == 64 and s.bucket_count(UnitKind.CLUSTERS) == 64 and s.bucket_count(UnitKind.CONTROLLERS) == 0
+    assert s.buckets == 60 and s.bucket_count(UnitKind.CLUSTERS) == 60 and s.bucket_count(UnitKind.CONTROLLERS) == 0
 
 
 def test_the_bucket_setting_is_checked(tmp_path: Any) -> None:
@@ -443,3 +443,30 @@ async def test_replicas_with_different_bucket_counts_never_both_take(control_pla
         await eventually(lambda: recorder.owned() == Counter({"new": 6}), timeout=20, what="new takes all once alone")
         await new.stop()
         assert recorder.overlaps == []
+
+
+async def test_unit_starts_run_a_bounded_number_at_once(control_plane: Any, namespace: str) -> None:
+    """A replica taking many buckets at once brings their units up a bounded number at a time (hundreds of member
+    clusters connecting and syncing together would starve its event loop, Lease renewals included)."""
+    from syncer.shards import STARTS_AT_ONCE
+
+    recorder = Recorder(3 * STARTS_AT_ONCE)
+    units = recorder.kind_for("only")
+    start, in_flight = units.start, [0, 0]
+
+    async def slow_start(unit: str, fence: UnitFence) -> None:
+        in_flight[0] += 1
+        in_flight[1] = max(in_flight)
+        try:
+            await asyncio.sleep(0.1)
+            await start(unit, fence)
+        finally:
+            in_flight[0] -= 1
+
+    units.start = slow_start
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        c = ShardCoordinator(client, config(namespace, buckets=4), "only", units)
+        await c.start()
+        await eventually(lambda: len(recorder.running) == 3 * STARTS_AT_ONCE, timeout=20)
+        await c.stop()
+    assert in_flight[1] == STARTS_AT_ONCE and recorder.overlaps == []
