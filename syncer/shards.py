@@ -179,16 +179,17 @@ class ShardCoordinator:
         """Members; every known unit (its bucket, state here, the bucket's holder and assigned member); every
         known bucket (how many units it has); the units being handed over."""
         members = self.live_members()
+        groups = self._groups()
         names = set(self.units.names()).union(*(b.units for b in self._buckets.values()))
         buckets, units = [], []
-        for key in sorted(set(self._groups()) | set(self._buckets)):
+        for key in sorted(set(groups) | set(self._buckets)):
             b = self._buckets.get(key)
             seen = self._group.seen.get(b.lease) if b is not None else None
             buckets.append({"bucket": key, "state": (b.state if b is not None else UnitState.ELSEWHERE).value,
                             "holder": seen.holder if seen is not None else "",
                             "transitions": seen.transitions if seen is not None else None,
                             "assigned": b.assigned if b is not None else "",
-                            "units": len(self._groups().get(key, ()))})
+                            "units": len(groups.get(key, ()))})
         by_key = {b["bucket"]: b for b in buckets}
         for name in sorted(names):
             key = self.bucket(name)
