@@ -163,11 +163,12 @@ class Sharding:
     - ``units``: what is spread: ``"clusters"`` (each member cluster with its controllers; needs ``[clusters]``
       enabled), ``"controllers"`` (each managed controller; without ``[clusters]``) or ``"auto"`` (whichever
       the mode allows).
-    - ``group`` (a DNS-1123 label): names the Leases (``<group>-member-...``, ``<group>-unit-...``) and labels
-      them; replicas of one deployment share it, and two deployments in one namespace must not.
-    - ``lease_namespace`` (a DNS-1123 label): where the member and unit Leases are.
+    - ``group`` (a DNS-1123 label): names the Leases (``<group>-member-...``, ``<group>-bucket-...``,
+      ``<group>-unit-...``) and labels them; replicas of one deployment share it, and two deployments in one
+      namespace must not.
+    - ``lease_namespace`` (a DNS-1123 label): where the member and bucket Leases are.
     - ``lease_duration``, ``renew_deadline`` (< ``lease_duration``), ``retry_period`` (< ``renew_deadline``): as
-      for leader election, for every member and unit Lease.
+      for leader election, for every member and bucket Lease.
     - ``min_hold``: a bucket stays at least this long with the replica that took it before it is handed to another
       (so a member that blips does not make work flap).
     - ``buckets``: member clusters are hashed into this many buckets, and a bucket (all its members) is what a
