@@ -397,8 +397,9 @@ class ShardCoordinator:
     async def _start(self, b: Bucket, unit: str, fence: UnitFence) -> None:
         try:
             async with self._starts:
-                if fence.valid():  # else its bucket is being stopped: this task is about to be cancelled
-                    await self.units.start(unit, fence)
+                if not fence.valid():  # its bucket is being stopped: this task is about to be cancelled
+                    return
+                await self.units.start(unit, fence)
         except Exception:
             self._log.exception("unit {} failed to start; it stays here, stopped, until its bucket {} moves",
                                 unit, b.name)
