@@ -47,7 +47,9 @@ import aiohttp  # noqa: E402
 
 from fleet_bench import APISERVER_FLAGS, cpu_of, raise_fd_limit  # noqa: E402
 from informers import ApiClient  # noqa: E402
-from sharding_bench import LABELS, OUT, Apiserver, Replica, View, delta, kill_everything, log, shard_status  # noqa: E402
+from sharding_bench import (  # noqa: E402
+    LABELS, OUT, Apiserver, Replica, View, delta, kill_everything, log, shard_status,
+)
 
 
 def rss_mib(pid: int) -> float:
