@@ -15,8 +15,8 @@ revive it, the next take is a new tenure and a new fence. So:
   a ``UnitFence`` that holds exactly while it does, handed to that unit's controllers and clients only (what
   ``Units.start`` gets; a member cluster is engaged under it, ``shard_units.ClusterUnits``, and one held by
   another replica is not engaged here at all). A replica's member Lease has a plain ``RenewFence``, which
-  fences no write: it says whether this replica counts itself a member, and a renewal after a lapse does revive it (the replica rejoins,
-  judging every Lease afresh);
+  fences no write: it says whether this replica counts itself a member, and a renewal after a lapse does revive
+  it (the replica rejoins, judging every Lease afresh);
 - neither: ``controllers.fence.OPEN``.
 
 client-go's elector gives each renew attempt a fresh ``renew_deadline``; here the deadline runs from the last
