@@ -69,7 +69,7 @@ OUT = ROOT / "bench" / "out"
 PLUGIN = ROOT / "bench" / "plugins_sharding_busy.py"
 LABELS = {"kube-syncer.io/kubeconfig": "true"}
 OWNED = {"starting", "running", "failed"}
-PYTHON = ROOT / ".venv" / "bin" / "python"
+PYTHON = ROOT / ".venv" / "bin" / "python" if (ROOT / ".venv").exists() else Path(sys.executable)
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -104,7 +104,7 @@ class Replica:
 
     def __init__(self, identity: str, cp: Any, tag: str, group: str, secrets_ns: str, *, retry: float = 2.0,
                  min_hold: float = 0.0, iterations: int = 0, requeue: bool = False,
-                 plugin: dict[str, Any] | None = None) -> None:
+                 plugin: dict[str, Any] | None = None, buckets: int | None = None) -> None:
         self.identity = identity
         self.port = _port()
         self.settings = OUT / f"sharding-{tag}-{identity}.toml"
@@ -126,6 +126,7 @@ lease_duration = "15s"
 renew_deadline = "10s"
 retry_period = "{retry:g}s"
 min_hold = "{min_hold:g}s"
+{"" if buckets is None else f"buckets = {buckets}"}
 [plugin_settings.plugins_sharding_busy]
 """ + "".join(f"{k} = {json.dumps(v)}\n" for k, v in {"iterations": iterations, "requeue": requeue,
                                                        **(plugin or {})}.items()))

@@ -1,5 +1,6 @@
-"""The fences of Lease holders: ``RenewFence`` (a renewal deadline), ``TermFence`` (a leadership term) and
-``UnitFence`` (a shard unit's tenure), all checked locally, without a network call (``controllers/fence.py``).
+"""The fences of Lease holders: ``RenewFence`` (a renewal deadline), ``TermFence`` (a leadership term),
+``BucketTenure`` (a shard bucket's tenure) and ``UnitFence`` (a unit's view of its bucket's), all checked
+locally, without a network call (``controllers/fence.py``).
 
 One rule decides which fence applies where: **work gets the fence of the tenure it was started under, and
 nothing else.** A tenure begins when this process takes a Lease (creates it, or writes itself over it as holder)
@@ -10,11 +11,12 @@ revive it, the next take is a new tenure and a new fence. So:
 
 - leader election (``leader.py``): each term is a ``TermFence``, handed to every controller and client the term
   starts (``LeaderElector.fence()``);
-- sharding (``shards.py``): each unit's tenure is a ``UnitFence``, handed to that unit's controllers and clients
-  only (what ``Units.start`` gets; a member cluster is engaged under it, ``shard_units.ClusterUnits``, and
-  one held by another replica is not engaged here at all). A replica's member Lease has a plain ``RenewFence``, which fences no write: it says
-  whether this replica counts itself a member, and a renewal after a lapse does revive it (the replica rejoins,
-  judging every Lease afresh);
+- sharding (``shards.py``): each tenure of a bucket Lease is a ``BucketTenure``, and each unit of the bucket gets
+  a ``UnitFence`` that holds exactly while it does, handed to that unit's controllers and clients only (what
+  ``Units.start`` gets; a member cluster is engaged under it, ``shard_units.ClusterUnits``, and one held by
+  another replica is not engaged here at all). A replica's member Lease has a plain ``RenewFence``, which
+  fences no write: it says whether this replica counts itself a member, and a renewal after a lapse does revive
+  it (the replica rejoins, judging every Lease afresh);
 - neither: ``controllers.fence.OPEN``.
 
 client-go's elector gives each renew attempt a fresh ``renew_deadline``; here the deadline runs from the last
@@ -71,10 +73,27 @@ class TermFence(_Tenure):
         self.term = term
 
 
-class UnitFence(_Tenure):
-    """The fence of one tenure of a unit: ``unit``, the ``holder`` identity and the Lease's ``transitions`` when
-    it was taken (so a write can carry which tenure made it)."""
+class BucketTenure(_Tenure):
+    """One tenure of a shard bucket's Lease: ``bucket``, the ``holder`` identity and the Lease's ``transitions``
+    when it was taken."""
 
-    def __init__(self, unit: str, holder: str, transitions: int, renew_deadline: float) -> None:
+    def __init__(self, bucket: str, holder: str, transitions: int, renew_deadline: float) -> None:
         super().__init__(renew_deadline)
-        self.unit, self.holder, self.transitions = unit, holder, transitions
+        self.bucket, self.holder, self.transitions = bucket, holder, transitions
+
+
+class UnitFence:
+    """The fence of a unit of work: valid exactly while the ``tenure`` of its bucket is. It names the ``unit``,
+    the ``holder`` identity and the bucket Lease's ``transitions`` when it was taken (so a write can carry which
+    tenure made it); every unit of a bucket shares that tenure, and its count."""
+
+    def __init__(self, unit: str, tenure: BucketTenure) -> None:
+        self.unit, self.tenure = unit, tenure
+        self.bucket, self.holder, self.transitions = tenure.bucket, tenure.holder, tenure.transitions
+
+    def valid(self) -> bool:
+        return self.tenure.valid()
+
+    def remaining(self) -> float:
+        """Seconds it still holds (0 once its bucket's tenure has closed)."""
+        return self.tenure.remaining()

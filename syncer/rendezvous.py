@@ -8,6 +8,11 @@ over 3 members as 16/16/18 and over 5 as 5..13; with the bound every member is w
 or removing a member still moves little more than the 1/N of the units it must (16 of 50 for 3 -> 4 members,
 where 12.5 is the ideal; assignment by modulo moves almost all). There is no shard number to hand out, so a
 restarted replica cannot end up with none (Argo CD's shard -1).
+
+Units can first be hashed into a fixed number of buckets (``bucket_of``), as Knative's leader-election buckets
+are, and the buckets be what is assigned: the coordination cost then follows the buckets, not the units. A unit's
+bucket depends on its name and the count only, never on which other units exist: a bucket held by one replica must
+not gain a unit that another replica still runs.
 """
 
 from __future__ import annotations
@@ -19,6 +24,16 @@ from typing import Iterable
 def weight(member: str, unit: str) -> int:
     """The weight of ``member`` for ``unit`` (64 bits)."""
     return int.from_bytes(hashlib.blake2b(f"{member}\0{unit}".encode(), digest_size=8).digest(), "big")
+
+
+def bucket_of(unit: str, count: int) -> str:
+    """The bucket of ``unit`` among ``count``, ``NN-of-MM`` (numbered from 1, as Knative's), or ``unit`` itself
+    when ``count`` is 0 (a bucket per unit)."""
+    if not count:
+        return unit
+    n = int.from_bytes(hashlib.blake2b(unit.encode(), digest_size=8).digest(), "big") % count
+    width = max(2, len(str(count)))
+    return f"{n + 1:0{width}d}-of-{count:0{width}d}"
 
 
 def assign(units: Iterable[str], members: Iterable[str]) -> dict[str, str]:

@@ -2,9 +2,12 @@
 observed of each and when, the membership that follows from it, and every Lease write of the coordinator
 (``shards.py``) through the one ``LeaseLock``.
 
-- Names: a member Lease is ``<group>-member-<hash of the identity>``, a unit's ``<group>-unit-<slug>-<hash>``,
-  both labelled with the group; a member Lease carries a digest of the unit set its replica sees
-  (``kube-syncer.io/shard-units``), so that the others know whether it computes the same assignment.
+- Names: a member Lease is ``<group>-member-<hash of the identity>``, a bucket's ``<group>-bucket-<NN>-of-<MM>``
+  (Knative's naming), or without buckets a unit's ``<group>-unit-<slug>-<hash>``, all labelled with the group; a
+  member Lease carries a digest of the (non-empty) buckets its replica sees (``kube-syncer.io/shard-units``), so
+  that the others know whether it computes the same assignment, and how many buckets it hashes units into
+  (``kube-syncer.io/shard-buckets``; none said: 0, a Lease per unit), so that replicas that would fence one unit
+  with two different Leases never both take.
 - Live members are those whose Lease record this replica has seen change within its duration, on its own
   monotonic clock, and since its first list of the Leases (one that died just before this replica started is not
   live); this replica counts itself while its own member Lease is renewed in time. After its own renewals lapsed
@@ -41,7 +44,8 @@ from .shard_state import Held
 GROUP_LABEL = "kube-syncer.io/shard-group"
 ROLE_LABEL = "kube-syncer.io/shard-role"
 UNIT_ANNOTATION = "kube-syncer.io/shard-unit"
-UNITS_ANNOTATION = "kube-syncer.io/shard-units"  # on a member Lease: a digest of the unit set that member sees
+UNITS_ANNOTATION = "kube-syncer.io/shard-units"  # on a member Lease: a digest of the buckets that member sees
+BUCKETS_ANNOTATION = "kube-syncer.io/shard-buckets"  # on a member Lease: into how many buckets it hashes units
 # How RBAC words a refusal ('User "x" cannot create resource "leases" in API group ...'): the verb it names.
 _RBAC_DENIAL = re.compile(r'cannot (\w+) resource "leases"')
 
@@ -59,30 +63,36 @@ def member_lease(group: str, identity: str) -> str:
     return f"{group}-member-{digest(identity)}"
 
 
-def unit_lease(group: str, unit: str) -> str:
-    """The Lease name of ``unit``: readable, and unique by the hash whatever the unit is called."""
+def bucket_lease(group: str, bucket: str, count: int) -> str:
+    """The Lease name of ``bucket`` (``rendezvous.bucket_of(unit, count)``); with no buckets (``count`` 0), of the
+    unit it names: readable, and unique by the hash whatever the unit is called."""
+    if count:
+        return f"{group}-bucket-{bucket}"
+    unit = bucket
     slug = re.sub(r"[^a-z0-9.-]+", "-", unit.lower()).strip("-.")[:40].strip("-.")
     return f"{group}-unit-{slug + '-' if slug else ''}{digest(unit)}"
 
 
 class ShardGroup:
-    """The group ``config.group``'s Leases for replica ``identity``. ``unit_names()`` is the unit set it
-    advertises; ``on_lost(lease)`` is told when a Lease it holds is deleted; ``wake`` is set whenever something
-    the coordinator decides on has changed. Its coroutines are run as tasks by the coordinator."""
+    """The group ``config.group``'s Leases for replica ``identity``, which hashes units into ``buckets`` (0: a
+    Lease per unit). ``bucket_names()`` is the bucket set it advertises; ``on_lost(lease)`` is told when a Lease
+    it holds is deleted; ``wake`` is set whenever something the coordinator decides on has changed. Its coroutines
+    are run as tasks by the coordinator."""
 
-    def __init__(self, client: ApiClient, config: Sharding, identity: str, unit_names: Callable[[], set[str]],
-                 on_lost: Callable[[str], None], wake: asyncio.Event) -> None:
+    def __init__(self, client: ApiClient, config: Sharding, identity: str, buckets: int,
+                 bucket_names: Callable[[], set[str]], on_lost: Callable[[str], None], wake: asyncio.Event) -> None:
         self.config = config
         self.identity = identity
         self.namespace = config.lease_namespace
         self.member_lease = member_lease(config.group, identity)
+        self.buckets = buckets
         self.member: Held | None = None
         self.denied = ""  # why the credentials may not write Leases, until a Lease write succeeds
         self.seen: dict[str, Observation] = {}  # Lease name -> what this replica saw of it
         self.listed_at = float("inf")  # when the first list of the Leases had been seen
         self.settled_at = float("inf")  # from then on, this replica decides
         self._lock = LeaseLock(client, self.namespace)
-        self._unit_names = unit_names
+        self._bucket_names = bucket_names
         self._on_lost = on_lost
         self._wake = wake
         self.informer = SharedIndexInformer(client, LEASES, namespace=self.namespace,
@@ -167,16 +177,27 @@ class ShardGroup:
         return seen is not None and seen.since is not None and now - seen.since >= 2 * self.config.retry_period
 
     def knows(self, member: str, names: set[str]) -> bool:
-        """Whether ``member``'s Lease says it sees the same units as this replica: then it computes the same
-        assignment, and takes a unit handed to it. A rescued unit goes back only then (handing it to a member
+        """Whether ``member``'s Lease says it sees the same buckets as this replica: then it computes the same
+        assignment, and takes a bucket handed to it. A rescued bucket goes back only then (handing it to a member
         that does not know it would leave it unowned again)."""
+        return self._annotation(member, UNITS_ANNOTATION) == units_digest(names)
+
+    def same_buckets(self, member: str) -> bool:
+        """Whether ``member``'s Lease says it hashes units into as many buckets as this replica (one that does not,
+        as during a rollout that changes ``buckets``, fences a unit with another Lease)."""
+        return (self._annotation(member, BUCKETS_ANNOTATION) or "0") == str(self.buckets)
+
+    def _annotation(self, member: str, key: str) -> str | None:
         lease = self.cached(member_lease(self.config.group, member))
         annotations = (lease.metadata.get("annotations") if lease is not None else None) or {}
-        return annotations.get(UNITS_ANNOTATION) == units_digest(names)
+        value = annotations.get(key)
+        return value if isinstance(value, str) else None
 
     def _advertised(self, record: LeaseRecord) -> LeaseRecord:
-        """``record``, this replica's member Lease, saying which units this replica sees (``knows``)."""
-        return record.annotated({UNITS_ANNOTATION: units_digest(self._unit_names())})
+        """``record``, this replica's member Lease, saying which buckets this replica sees (``knows``), and how
+        many it hashes units into (``same_buckets``)."""
+        return record.annotated({UNITS_ANNOTATION: units_digest(self._bucket_names()),
+                                 BUCKETS_ANNOTATION: str(self.buckets)})
 
     def _restart_clocks(self, now: float) -> None:
         """This replica could not renew (nor, likely, watch) for longer than ``renew_deadline``: what it saw before
@@ -236,7 +257,7 @@ class ShardGroup:
         return True
 
     async def renew(self, held: Held) -> None:
-        """Renew ``held`` (this replica's member Lease, or a unit's), once."""
+        """Renew ``held`` (this replica's member Lease, or a bucket's), once."""
         try:
             member = held is self.member
             record = held.record.taken_by(self.identity, self.config.lease_duration)
@@ -262,8 +283,8 @@ class ShardGroup:
             held.record = wrote.record
             lapsed = not held.fence.valid()
             if not held.closed:
-                # Membership goes on, on a fresh view if it had lapsed; a unit's tenure that lapsed is never
-                # revived (``UnitFence``): its workers have parked, and the loop stops it.
+                # Membership goes on, on a fresh view if it had lapsed; a bucket's tenure that lapsed is never
+                # revived (``BucketTenure``): its units' workers have parked, and the loop stops them.
                 held.fence.renewed(wrote.sent)
                 if member and lapsed:
                     self._restart_clocks(time.monotonic())
@@ -271,17 +292,18 @@ class ShardGroup:
         finally:
             held.renewing = None
 
-    async def take(self, lease: str, unit: str, current: LeaseRecord | None) -> LeaseResult:
-        """Take ``lease`` (of ``unit``), writing over exactly the ``current`` record the decision was made on (None:
-        there is no Lease; create it, counting a transition from what a deleted one said)."""
+    async def take(self, lease: str, bucket: str, current: LeaseRecord | None) -> LeaseResult:
+        """Take ``lease`` (of ``bucket``), writing over exactly the ``current`` record the decision was made on
+        (None: there is no Lease; create it, counting a transition from what a deleted one said)."""
         timeout = self.config.renew_deadline
         if current is not None:
             wrote = await self._lock.update(current.taken_by(self.identity, self.config.lease_duration),
                                             timeout=timeout)
         else:
             new = LeaseRecord.created(self.identity, self.config.lease_duration, namespace=self.namespace,
-                                      name=lease, labels={GROUP_LABEL: self.config.group, ROLE_LABEL: "unit"},
-                                      annotations={UNIT_ANNOTATION: unit})
+                                      name=lease, labels={GROUP_LABEL: self.config.group,
+                                                          ROLE_LABEL: "bucket" if self.buckets else "unit"},
+                                      annotations={UNIT_ANNOTATION: bucket})
             seen = self.seen.get(lease)
             if seen is not None:
                 new = LeaseRecord(seen.holder, transitions=seen.transitions, obj=new.obj).taken_by(
@@ -291,7 +313,7 @@ class ShardGroup:
         if wrote.record is not None:
             self._saw_own(wrote.record, wrote.sent)
         elif wrote.outcome is not Outcome.CONFLICT:  # another replica wrote first (or our cache is behind)
-            self._log.warning("cannot take Lease {} of unit {}: {}", lease, unit, wrote.describe())
+            self._log.warning("cannot take Lease {} of bucket {}: {}", lease, bucket, wrote.describe())
         return wrote
 
     async def close(self, held: Held) -> None:
@@ -302,7 +324,7 @@ class ShardGroup:
         held.fence.close()
 
     async def release(self, held: Held) -> None:
-        """Give ``held`` up (closed first), so that the unit's next owner takes it at once."""
+        """Give ``held`` up (closed first), so that the bucket's next owner takes it at once."""
         released = await self._lock.release(held.record, self.identity, timeout=self.config.renew_deadline)
         if released.record is not None:
             self._saw_own(released.record, time.monotonic())

@@ -1,9 +1,10 @@
-"""The units of a shard group as one replica sees them: what is spread (``Units``), each unit's state here
-(``UnitState``, ``Unit``), the Leases this replica holds (``Held``), and the ``syncer_shard_*`` metrics.
+"""The units of a shard group as one replica sees them: what is spread (``Units``), the buckets they are hashed
+into and each one's state here, and its units' (``UnitState``, ``Bucket``), the Leases this replica holds
+(``Held``), and the ``syncer_shard_*`` metrics.
 
-multicluster-runtime's sharded coordinator keeps a set of owned clusters; here a unit's state is explicit, so
-that a unit being handed over (stopping, its Lease still held) or stopping after a lost tenure (its Lease no
-longer ours, nothing released) is never mistaken for one owned or one free.
+multicluster-runtime's sharded coordinator keeps a set of owned clusters; here a bucket's state is explicit, so
+that one being handed over (its units stopping, its Lease still held) or stopping after a lost tenure (its Lease
+no longer ours, nothing released) is never mistaken for one owned or one free.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import enum
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -20,30 +21,33 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from informers.metrics import MetricSet
 
-from .fences import RenewFence, UnitFence
+from .fences import BucketTenure, RenewFence, UnitFence
 from .lease import LeaseRecord
 from .settings import UnitKind
 
 if TYPE_CHECKING:
     from .shards import ShardCoordinator
 
-HANDOVERS = Counter("syncer_shard_handovers_total", "Units this replica handed over (out) or took from a "
-                    "release (in).", ["direction"])
-LOST = Counter("syncer_shard_units_lost_total", "Units this replica stopped because their Lease was not renewed "
-               "in time or was taken.")
-HANDOVER_SECONDS = Histogram("syncer_shard_handover_seconds", "From deciding to hand a unit over to releasing "
-                             "its Lease (stop and drain included).", buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+HANDOVERS = Counter("syncer_shard_handovers_total", "Buckets (of units) this replica handed over (out) or took "
+                    "from a release (in).", ["direction"])
+LOST = Counter("syncer_shard_units_lost_total", "Buckets (of units) this replica stopped because their Lease was "
+               "not renewed in time or was taken.")
+HANDOVER_SECONDS = Histogram("syncer_shard_handover_seconds", "From deciding to hand a bucket over to releasing "
+                             "its Lease (every unit's stop and drain included).",
+                             buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30))
 
 
 class UnitState(enum.StrEnum):
-    """A unit as this replica sees it."""
+    """A bucket, or a unit (by its bucket's state, and its own while the bucket is owned), as this replica sees
+    it."""
 
     ELSEWHERE = "elsewhere"  # assigned to another member
     WAITING = "waiting"  # assigned here; its Lease still held by another (not yet released or expired)
     STARTING = "starting"  # its Lease taken here, its work starting
     RUNNING = "running"
-    FAILED = "failed"  # its Lease taken here, its start raised (see the log); it is handed over like any other
-    HANDING_OVER = "handing-over"  # assigned elsewhere or gone: stopping, then the Lease is released
+    FAILED = "failed"  # a unit whose start raised (see the log); it stays stopped until its bucket moves
+    HANDING_OVER = "handing-over"  # assigned elsewhere or gone: stopping, then the Lease is released (a unit: gone
+    # from its bucket, stopping)
     STOPPING = "stopping"  # its Lease not renewed in time: stopping, nothing released
 
 
@@ -82,19 +86,32 @@ class Held:
 
 
 @dataclass
-class Unit:
-    """One unit of work, its Lease's name, and what this replica is doing with it."""
+class Bucket:
+    """One bucket of units (a single unit without buckets), its Lease's name, and what this replica is doing with
+    it. While it is owned, ``units`` are its units started here under ``tenure`` (starting, running, failed, or
+    handing-over: gone from the bucket and stopping), ``tasks`` their starts and stops in flight."""
 
     name: str
     lease: str
     state: UnitState = UnitState.ELSEWHERE
     assigned: str = ""
     held: Held | None = None
+    tenure: BucketTenure | None = None
     since: float = 0.0  # when this replica took it
-    task: asyncio.Task[None] | None = None  # its start or stop
+    task: asyncio.Task[None] | None = None  # its stop
     taking: bool = False
     unowned_since: float | None = None  # since when it is free here, assigned to one settled member elsewhere
-    rescued: bool = False  # taken while assigned elsewhere: kept until its assignee is seen to know the units
+    rescued: bool = False  # taken while assigned elsewhere: kept until its assignee is seen to know the buckets
+    units: dict[str, UnitState] = field(default_factory=dict)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def unit_state(self, unit: str) -> UnitState:
+        """``unit``'s state here (it is in this bucket): the bucket's, or its own while the bucket is owned."""
+        if self.state not in OWNED:
+            return self.state
+        if self.tenure is None or not self.tenure.valid():
+            return UnitState.STOPPING  # its fence has closed: the next tick stops it
+        return self.units.get(unit, UnitState.STARTING)
 
 
 class ShardMetrics(MetricSet):

@@ -1,6 +1,6 @@
 """The two kinds of unit the shard coordinator spreads: a managed controller (single-cluster mode) and a member
-cluster with all its controllers (multi-cluster mode). Each starts its work under the unit's fence and stops it
-drained, so that the coordinator releases the unit's Lease only after nothing of it runs.
+cluster with all its controllers (multi-cluster mode). Each starts its work under the unit's fence (its bucket's
+tenure) and stops it drained, so that the coordinator releases the bucket's Lease only after nothing of it runs.
 """
 
 from __future__ import annotations

@@ -54,10 +54,12 @@ class Recorder:
 
 def unconverged(coordinators: dict[str, ShardCoordinator]) -> list[str]:
     """Why the group of live ``coordinators`` (by identity) has not settled: each must see them all as members,
-    every unit must run on exactly one of them, with loads within one of each other, and no unit be anything but
-    running or elsewhere anywhere (``waiting``, handing over, ...). Empty once it has settled."""
+    every unit must run on exactly one of them, every bucket be owned by exactly one, with loads (in buckets:
+    in units without buckets) within one of each other, and no unit be anything but running or elsewhere anywhere
+    (``waiting``, handing over, ...). Empty once it has settled."""
     found: list[str] = []
     runners: dict[str, list[str]] = {}
+    owners: dict[str, list[str]] = {}
     for identity, c in coordinators.items():
         status = c.status()
         if len(status["members"]) != len(coordinators):
@@ -68,15 +70,21 @@ def unconverged(coordinators: dict[str, ShardCoordinator]) -> list[str]:
                 here.append(identity)
             elif u["state"] != UnitState.ELSEWHERE:
                 found.append(f"{identity}: {u['unit']} {u['state']} (holder {u['holder']!r})")
+        for b in status["buckets"]:
+            owners.setdefault(b["bucket"], [])
+            if b["state"] == UnitState.RUNNING:
+                owners[b["bucket"]].append(identity)
     found += [f"{u} running on {r or 'nobody'}" for u, r in sorted(runners.items()) if len(r) != 1]
+    found += [f"bucket {b} owned by {r or 'nobody'}" for b, r in sorted(owners.items()) if len(r) != 1]
     loads = Counter(dict.fromkeys(coordinators, 0))
-    loads.update(r[0] for r in runners.values() if len(r) == 1)
+    loads.update(r[0] for r in owners.values() if len(r) == 1)
     if loads and max(loads.values()) - min(loads.values()) > 1:
         found.append(f"loads {dict(sorted(loads.items()))}")
     return found
 
 
 def config(namespace: str, **kw: Any) -> Sharding:
+    """Short leases, and a Lease per unit unless ``buckets`` is given."""
     base = dict(enabled=True, group="t", lease_namespace=namespace, lease_duration=3.0, renew_deadline=2.0,
-                retry_period=0.5, min_hold=0.0)
+                retry_period=0.5, min_hold=0.0, buckets=0)
     return Sharding(**{**base, **kw})  # type: ignore[arg-type]

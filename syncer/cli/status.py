@@ -109,7 +109,7 @@ def _fleet_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
 
 def _shard_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
     """The sharding part of ``syncer status``: the live members, then every unit with its state here, the holder
-    of its Lease and the member the assignment gives it."""
+    of its bucket's Lease and the member the assignment gives it (and its bucket, when units are bucketed)."""
     owned = {d["identity"]: 0 for d in doc["members"]}
     for u in doc["units"]:
         if u["holder"] in owned:
@@ -117,8 +117,11 @@ def _shard_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
     members = [("SHARD MEMBER", "UNITS HELD")] + [
         (f"{m}{' (this replica)' if m == doc['identity'] else ''}", str(n)) for m, n in owned.items()]
     kind = UnitKind(doc["kind"])
-    units = [(_UNIT_HEADERS[kind], "STATE HERE", "LEASE HOLDER", "TRANSITIONS", "ASSIGNED TO")] + [
-        (display_name(u["unit"]) if kind is UnitKind.CLUSTERS else u["unit"], u["state"], u["holder"] or "-",
+    bucketed = bool(doc.get("bucket_count"))
+    units = [(_UNIT_HEADERS[kind], *(("BUCKET",) if bucketed else ()), "STATE HERE", "LEASE HOLDER", "TRANSITIONS",
+              "ASSIGNED TO")] + [
+        (display_name(u["unit"]) if kind is UnitKind.CLUSTERS else u["unit"],
+         *((u.get("bucket", "-"),) if bucketed else ()), u["state"], u["holder"] or "-",
          "-" if u["transitions"] is None else str(u["transitions"]), u["assigned"] or "-") for u in doc["units"]]
     tables = [members, units]
     if doc.get("stuck"):

@@ -17,7 +17,7 @@ from .checks import (
     Check, Invalid, auto_or_boolean, boolean, choice, dns_labels, dns_name, duration, existing, host_port, integer,
     parsed_strings, string, string_list, strings,
 )
-from .tables import CLUSTER_PROVIDERS, LOG_LEVELS, MAX_WORKERS
+from .tables import CLUSTER_PROVIDERS, LOG_LEVELS, MAX_BUCKETS, MAX_WORKERS
 
 _resource_rules = parsed_strings("resource rules", Rule.parse, ValueError)
 
@@ -213,6 +213,7 @@ CHECKS: dict[str, Check] = {
     "sharding.renew_deadline": duration(below="sharding.lease_duration"),
     "sharding.retry_period": duration(below="sharding.renew_deadline"),
     "sharding.min_hold": duration(zero_means="hands units over as soon as the assignment says"),
+    "sharding.buckets": integer(0, MAX_BUCKETS),
     "field_selectors": _field_selectors,
     "plugin_settings": _plugin_tables,
 }

@@ -12,6 +12,7 @@ from informers.discovering_factory import WatchMode
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 MAX_WORKERS = 1000
+MAX_BUCKETS = 1024  # sharding.buckets: beyond this, the Lease writes no longer stay small
 
 
 @dataclass(frozen=True)
@@ -162,13 +163,18 @@ class Sharding:
     - ``units``: what is spread: ``"clusters"`` (each member cluster with its controllers; needs ``[clusters]``
       enabled), ``"controllers"`` (each managed controller; without ``[clusters]``) or ``"auto"`` (whichever
       the mode allows).
-    - ``group`` (a DNS-1123 label): names the Leases (``<group>-member-...``, ``<group>-unit-...``) and labels
-      them; replicas of one deployment share it, and two deployments in one namespace must not.
-    - ``lease_namespace`` (a DNS-1123 label): where the member and unit Leases are.
+    - ``group`` (a DNS-1123 label): names the Leases (``<group>-member-...``, ``<group>-bucket-...``,
+      ``<group>-unit-...``) and labels them; replicas of one deployment share it, and two deployments in one
+      namespace must not.
+    - ``lease_namespace`` (a DNS-1123 label): where the member and bucket Leases are.
     - ``lease_duration``, ``renew_deadline`` (< ``lease_duration``), ``retry_period`` (< ``renew_deadline``): as
-      for leader election, for every member and unit Lease.
-    - ``min_hold``: a unit stays at least this long with the replica that took it before it is handed to another
-      (so a member that blips does not make units flap).
+      for leader election, for every member and bucket Lease.
+    - ``min_hold``: a bucket stays at least this long with the replica that took it before it is handed to another
+      (so a member that blips does not make work flap).
+    - ``buckets``: member clusters are hashed into this many buckets, and a bucket (all its members) is what a
+      Lease fences and what moves between replicas, so the Lease writes stay ``(buckets + replicas) /
+      retry_period`` however many members there are; 0 gives every member a Lease of its own. Managed
+      controllers are few: each always has its own Lease. Every replica of a group must use the same value.
     """
 
     enabled: bool = False
@@ -179,6 +185,12 @@ class Sharding:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     min_hold: float = 30.0
+    buckets: int = 60
+
+    def bucket_count(self, kind: str) -> int:
+        """How many buckets units of ``kind`` are hashed into (0: a Lease per unit): managed controllers always have
+        one each."""
+        return 0 if kind == UnitKind.CONTROLLERS else self.buckets
 
     def unit_kind(self, clusters_enabled: bool) -> UnitKind:
         """What is spread, ``auto`` resolved."""

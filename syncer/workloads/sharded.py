@@ -1,5 +1,6 @@
 """Sharded: with ``[sharding] enabled`` the controllers (or, in multi-cluster mode, the member clusters) are
-spread over every replica, each unit under its own Lease (``syncer/shards.py``, ``syncer/shard_units.py``).
+spread over every replica, hashed into buckets each under its own Lease (a controller is a bucket of its own;
+``syncer/shards.py``, ``syncer/shard_units.py``).
 
 The coordinator runs for the whole process: it joins once discovery is done, on every replica, whatever the
 election says, and a stop request hands every unit over before anything else stops. Leader election, if on,

@@ -15,9 +15,9 @@ import pytest
 
 from informers import ApiClient
 from syncer.lease import LeaseRecord, Observation
-from syncer.rendezvous import assign
+from syncer.rendezvous import assign, bucket_of
 from syncer.settings import SettingsError, UnitKind, load_settings
-from syncer.shards import ShardCoordinator, UnitState
+from syncer.shards import ShardCoordinator, UnitFence, UnitState
 from syncer.testing.controlplane import RESTRICTED_USER
 from tests.helpers import eventually
 from tests.shard_group import Recorder, config, unconverged
@@ -212,7 +212,7 @@ async def test_a_unit_whose_lease_is_taken_stops_at_once(control_plane: Any, nam
         await eventually(lambda: recorder.running == {"u0": "only"})
         fence = c.fence_for("u0")
         assert fence is not None and fence.valid()
-        lease = c._units["u0"].lease
+        lease = c._buckets[c.bucket("u0")].lease
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
         obj = await client.request("GET", path)
         await client.request("PUT", path, body=LeaseRecord.of(obj).taken_by("intruder", 30).to_object())
@@ -263,7 +263,7 @@ def test_sidecars_share_controllers_and_hand_them_over_on_sigterm(control_plane:
     assert cars[1].proc.wait(30) == 0, cars[1].log[-3000:]
     cars[0].wait(lambda: running(cars[0]) == names, "every controller on the remaining replica", timeout=20)
     assert time.monotonic() - began < 6.0, "handed over, not left to expire"
-    assert "handing unit" in cars[1].log
+    assert "handing bucket" in cars[1].log
 
 
 async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane: Any, namespace: str) -> None:
@@ -346,3 +346,127 @@ async def test_a_deleted_unit_lease_is_not_taken_while_its_holder_may_still_work
             counts.setdefault(unit, []).append(transitions)
         assert all(c == sorted(c) for c in counts.values()), counts
         assert any(c[-1] > 0 for c in counts.values())  # some moved to "second", one transition on
+
+
+# -- buckets ---------------------------------------------------------------------------------------------------
+def test_units_hash_into_a_bounded_number_of_stable_buckets() -> None:
+    names = [f"cluster-{i}" for i in range(10_000)]
+    buckets = {bucket_of(n, 64) for n in names}
+    assert len(buckets) == 64 and {b.split("-of-")[1] for b in buckets} == {"64"}
+    assert sorted(buckets)[0] == "01-of-64" and sorted(buckets)[-1] == "64-of-64"
+    # A unit's bucket depends on its name and the count only: never on which other units exist.
+    assert [bucket_of(n, 64) for n in names[:100]] == [bucket_of(n, 64) for n in reversed(names[:100])][::-1]
+    assert bucket_of("cluster-1", 0) == "cluster-1" and bucket_of("x", 1000).endswith("-of-1000")
+    sizes = Counter(bucket_of(n, 64) for n in names)
+    assert max(sizes.values()) < 2 * 10_000 / 64  # a hash spreads them: no bucket twice the mean
+    # Controllers are few: each has a Lease of its own whatever the setting.
+    s = load_settings(None).sharding
+    assert s.buckets == 60 and s.bucket_count(UnitKind.CLUSTERS) == 60 and s.bucket_count(UnitKind.CONTROLLERS) == 0
+
+
+def test_the_bucket_setting_is_checked(tmp_path: Any) -> None:
+    path = tmp_path / "s.toml"
+    for value in ("-1", "1025", "true", '"8"'):
+        path.write_text(f"[sharding]\nbuckets = {value}\n")
+        with pytest.raises(SettingsError, match=r"sharding\.buckets.*an integer from 0 to 1024"):
+            load_settings(str(path))
+    path.write_text("[sharding]\nbuckets = 0\n")
+    assert load_settings(str(path)).sharding.buckets == 0
+
+
+async def test_buckets_move_whole_and_units_follow_their_bucket(control_plane: Any, namespace: str) -> None:
+    """40 units in 8 buckets over 3 replicas: the buckets are balanced within one; each unit runs exactly once,
+    under its bucket's tenure; a unit added to a held bucket starts there, one removed stops there (the bucket
+    stays); a dead replica's buckets are taken whole once their Leases expire, every unit exactly once."""
+    recorder = Recorder(40)
+    cfg = config(namespace, buckets=8)
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        group = {f"r{i}": ShardCoordinator(client, cfg, f"r{i}", recorder.kind_for(f"r{i}")) for i in range(3)}
+        for c in group.values():
+            await c.start()
+        try:
+            await eventually(lambda: not unconverged(group), timeout=30, what="40 units in 8 buckets over 3")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {unconverged(group)}") from None
+        c0 = group["r0"]
+        buckets = {b["bucket"]: b for b in c0.status()["buckets"]}
+        assert len(buckets) == 8 and sum(b["units"] for b in buckets.values()) == 40
+        # One Lease per bucket (and per member): not per unit.
+        leases = await client.request("GET", path)
+        roles = Counter(i["metadata"]["labels"]["kube-syncer.io/shard-role"] for i in leases["items"])
+        assert roles == Counter({"bucket": 8, "member": 3}), roles
+        for u, who in recorder.running.items():
+            fence = group[who].fence_for(u)
+            assert fence is not None and fence.bucket == bucket_of(u, 8) == group[who].bucket(u)
+            assert fence.transitions == buckets[fence.bucket]["transitions"]
+
+        # A new unit starts where its bucket is held, under that tenure; a removed one stops, its bucket stays.
+        holder = {b: d["holder"] for b, d in buckets.items()}
+        recorder.unit_names = recorder.unit_names | {"new-unit"}
+        await eventually(lambda: recorder.running.get("new-unit") == holder[bucket_of("new-unit", 8)], timeout=10)
+        gone = next(iter(sorted(recorder.unit_names - {"new-unit"})))
+        recorder.unit_names = recorder.unit_names - {gone}
+        await eventually(lambda: gone not in recorder.running, timeout=10)
+        assert {d["bucket"]: d["holder"] for d in c0.status()["buckets"]} == holder
+
+        # A dead replica: its buckets are taken whole after they expire; every unit running exactly once.
+        dead = group.pop("r1")
+        dead_units = {u for u, who in recorder.running.items() if who == "r1"}
+        assert dead_units
+        await dead._supervisor.cancel("shard coordinator")
+        await eventually(lambda: all(recorder.running.get(u) in group for u in dead_units) and
+                         not unconverged(group), timeout=30, what="r1's buckets taken over, every unit once")
+        await dead.stop()
+        for c in group.values():
+            await c.stop()
+        assert recorder.running == {} and recorder.overlaps == []
+        holders: dict[tuple[str, int], str] = {}
+        for unit, who, transitions in recorder.tenures:
+            assert holders.setdefault((bucket_of(unit, 8), transitions), who) == who, (unit, transitions)
+
+
+async def test_replicas_with_different_bucket_counts_never_both_take(control_plane: Any, namespace: str) -> None:
+    """A replica that hashes into another number of buckets (a rollout changing the setting) would fence a unit
+    with another Lease: while both live, the newcomer takes nothing; once the other is gone it takes everything."""
+    recorder = Recorder(6)
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        old = ShardCoordinator(client, config(namespace, buckets=4), "old", recorder.kind_for("old"))
+        await old.start()
+        await eventually(lambda: recorder.owned() == Counter({"old": 6}), timeout=20)
+        new = ShardCoordinator(client, config(namespace, buckets=2), "new", recorder.kind_for("new"))
+        await new.start()
+        await eventually(lambda: len(new.live_members()) == 2 and len(old.live_members()) == 2, timeout=20)
+        await asyncio.sleep(2.0)  # past the newcomer's settling: it decides, and takes nothing
+        assert recorder.owned() == Counter({"old": 6}) and new.status()["owned"] == 0
+        await old.stop()
+        await eventually(lambda: recorder.owned() == Counter({"new": 6}), timeout=20, what="new takes all once alone")
+        await new.stop()
+        assert recorder.overlaps == []
+
+
+async def test_unit_starts_run_a_bounded_number_at_once(control_plane: Any, namespace: str) -> None:
+    """A replica taking many buckets at once brings their units up a bounded number at a time (hundreds of member
+    clusters connecting and syncing together would starve its event loop, Lease renewals included)."""
+    from syncer.shards import STARTS_AT_ONCE
+
+    recorder = Recorder(3 * STARTS_AT_ONCE)
+    units = recorder.kind_for("only")
+    start, in_flight = units.start, [0, 0]
+
+    async def slow_start(unit: str, fence: UnitFence) -> None:
+        in_flight[0] += 1
+        in_flight[1] = max(in_flight)
+        try:
+            await asyncio.sleep(0.1)
+            await start(unit, fence)
+        finally:
+            in_flight[0] -= 1
+
+    units.start = slow_start
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        c = ShardCoordinator(client, config(namespace, buckets=4), "only", units)
+        await c.start()
+        await eventually(lambda: len(recorder.running) == 3 * STARTS_AT_ONCE, timeout=20)
+        await c.stop()
+    assert in_flight[1] == STARTS_AT_ONCE and recorder.overlaps == []

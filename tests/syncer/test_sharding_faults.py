@@ -1,7 +1,8 @@
 """Sharding under faults, with in-process shard coordinators against the real API server: rounds of random faults
 (a replica paused past its lease while another is killed and replaced), then the group must converge within three
 lease durations of the last fault: every unit running on exactly one replica, loads within one of each other (the
-bound of ``syncer/rendezvous.py``), no unit ``waiting`` anywhere, and never two tenures' fences valid at once.
+bound of ``syncer/rendezvous.py``), no unit ``waiting`` anywhere, and never two tenures' fences valid at once. It
+runs with a Lease per unit and with the units hashed into fewer buckets than there are units.
 
 A pause is a replica's loop stopped without releasing anything, as a SIGSTOP would: no renewals, no decisions,
 its fences lapse on their own; a kill stops it for good. The seed is the suite's (``--seed``, printed; fixed by
@@ -15,7 +16,10 @@ import random
 import time
 from typing import Any
 
+import pytest
+
 from informers import ApiClient
+from syncer.rendezvous import bucket_of
 from syncer.shards import ShardCoordinator
 from tests.helpers import eventually
 from tests.shard_group import Recorder, config, unconverged
@@ -26,8 +30,9 @@ REPLICAS, UNITS, ROUNDS = 4, 24, 3
 class Group:
     """The replicas of one shard group in this process, started, paused, resumed and killed by the test."""
 
-    def __init__(self, client: ApiClient, namespace: str, recorder: Recorder, seed: int) -> None:
+    def __init__(self, client: ApiClient, namespace: str, recorder: Recorder, seed: int, buckets: int) -> None:
         self.client, self.namespace, self.recorder, self.seed = client, namespace, recorder, seed
+        self.buckets = buckets
         self.live: dict[str, ShardCoordinator] = {}
         self.paused: set[str] = set()
         self._born = 0
@@ -35,7 +40,7 @@ class Group:
     async def add(self) -> str:
         identity = f"r{self._born}"
         self._born += 1
-        c = self.live[identity] = ShardCoordinator(self.client, config(self.namespace), identity,
+        c = self.live[identity] = ShardCoordinator(self.client, config(self.namespace, buckets=self.buckets), identity,
                                                    self.recorder.kind_for(identity))
         await c.start()
         return identity
@@ -75,12 +80,14 @@ class Group:
         return time.monotonic() - began
 
 
-async def test_shards_converge_after_random_pauses_and_kills(control_plane: Any, namespace: str, seed: int) -> None:
+@pytest.mark.parametrize("buckets", [0, 8])
+async def test_shards_converge_after_random_pauses_and_kills(control_plane: Any, namespace: str, seed: int,
+                                                             buckets: int) -> None:
     rng = random.Random(seed)
     cfg = config(namespace)
     recorder = Recorder(UNITS)
     async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
-        group = Group(client, namespace, recorder, seed)
+        group = Group(client, namespace, recorder, seed, buckets)
         for _ in range(REPLICAS):
             await group.add()
         await group.converged(30, "the group balanced before any fault")
@@ -113,5 +120,5 @@ async def test_shards_converge_after_random_pauses_and_kills(control_plane: Any,
             await group.live.pop(identity).stop()
     assert recorder.overlaps == [] and recorder.running == {}
     holders: dict[tuple[str, int], str] = {}
-    for unit, holder, transitions in recorder.tenures:
-        assert holders.setdefault((unit, transitions), holder) == holder, (unit, transitions, seed)
+    for unit, holder, transitions in recorder.tenures:  # one holder per tenure of a unit's bucket
+        assert holders.setdefault((bucket_of(unit, buckets), transitions), holder) == holder, (unit, transitions, seed)

@@ -1,12 +1,14 @@
 """Sharding acceptance (issue 15) with `syncer run` replicas against one private control plane: 50 member clusters
-(50 kubeconfig Secrets, all pointing at that same apiserver) spread over the replicas, each unit under its own Lease.
+(50 kubeconfig Secrets, all pointing at that same apiserver) hashed into 16 buckets spread over the replicas, each
+bucket (all its units) under its own Lease.
 
 One test walks through the lifecycle of a deployment and measures it: balance once converged, scale-up (about 1/4
 of the units move, each handed over), scale-down by SIGTERM, a replica paused (SIGSTOP) past its lease, an apiserver
-outage longer than renew_deadline, a replica SIGKILLed, and a rolling restart. Throughout, every unit's controller
-(``tests/plugins/shard_writer.py``) keeps creating record ConfigMaps stamped with its tenure (holder, the unit
-Lease's ``leaseTransitions``) through its fenced client; at the end the records, in etcd order (resourceVersion),
-must show per unit tenures that only go forward and one holder per tenure: never two owners.
+outage longer than renew_deadline, a replica SIGKILLed (its units engaged elsewhere exactly once), and a rolling
+restart. Throughout, every unit's controller (``tests/plugins/shard_writer.py``) keeps creating record ConfigMaps
+stamped with its tenure (holder, the bucket Lease's ``leaseTransitions``) through its fenced client; at the end
+the records, in etcd order (resourceVersion), must show per unit tenures that only go forward and one holder per
+tenure of a bucket: never two owners.
 
 A background thread polls every replica's ``/status`` (``sharding.units``) for the timings (printed as ``MEASURED``
 lines) and as a soft check of overlap; the records are the hard check.
@@ -31,12 +33,15 @@ from typing import Any, Callable
 import kubernetes
 import pytest
 
+from syncer.rendezvous import bucket_of
 from syncer.testing.pytest_plugin import kube_client
 from tests.fleet import kubeconfig
 from tests.sidecar import Sidecar
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "shard_writer.py"
 UNITS = frozenset(f"m{i:02d}" for i in range(50))
+BUCKETS = 16
+BUCKET_SET = frozenset(bucket_of(u, BUCKETS) for u in UNITS)
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 6.0, 4.0, 1.0
 START_SLACK = 15.0  # a noisy 2-core machine: connecting, discovering and syncing a member, generously
 BOUND = LEASE_DURATION + RETRY_PERIOD + START_SLACK
@@ -55,6 +60,7 @@ lease_duration = "{LEASE_DURATION:g}s"
 renew_deadline = "{RENEW_DEADLINE:g}s"
 retry_period = "{RETRY_PERIOD:g}s"
 min_hold = "0s"
+buckets = {BUCKETS}
 [plugin_settings.shard_writer]
 record_namespace = "{RECORDS}"
 interval = 2
@@ -84,6 +90,10 @@ class Sample:
 
     def owners(self) -> dict[str, str]:
         return {u: next(iter(r)) for u, r in self.runners.items() if len(r) == 1}
+
+    def bucket_loads(self) -> dict[str, int]:
+        """replica -> how many buckets it runs (the bounded load of the assignment is in buckets)."""
+        return {n: sum(b["state"] == "running" for b in d["buckets"]) for n, d in self.docs.items()}
 
     def transitions(self) -> dict[str, int]:
         """unit -> the Lease transitions its (single) runner shows."""
@@ -387,6 +397,11 @@ def tenure_violations(records: list[tuple[int, dict[str, str]]]) -> list[str]:
             last[unit] = (t, rv, holder)
     problems += [f"unit {u} tenure {t} written by several holders: {sorted(h)}"
                  for (u, t), h in sorted(holders.items()) if len(h) > 1]
+    by_bucket: dict[tuple[str, int], set[str]] = {}
+    for (u, t), h in holders.items():
+        by_bucket.setdefault((bucket_of(u, BUCKETS), t), set()).update(h)
+    problems += [f"bucket {b} tenure {t} written by several holders: {sorted(h)}"
+                 for (b, t), h in sorted(by_bucket.items()) if len(h) > 1]
     return problems
 
 
@@ -413,9 +428,12 @@ def test_fifty_clusters_over_replicas_never_two_owners(control_plane_factory, tm
         s = fleet.converge({"a", "b", "c"}, "start", timeout=120)
         measured("start of 3 replicas to convergence", f"{s.t - t0:.1f}s")
         loads = {n: d["owned"] for n, d in s.docs.items()}
-        measured("balance over 3 replicas (owned per replica)", f"{dict(sorted(loads.items()))} spread "
-                 f"{max(loads.values()) - min(loads.values())}")
-        assert all(abs(n - len(UNITS) / 3) <= 1 for n in loads.values()), loads
+        bucket_loads = s.bucket_loads()
+        measured("balance over 3 replicas (units owned per replica; buckets)", f"{dict(sorted(loads.items()))} "
+                 f"spread {max(loads.values()) - min(loads.values())}; {dict(sorted(bucket_loads.items()))} of "
+                 f"{len(BUCKET_SET)} buckets")
+        assert sum(bucket_loads.values()) == len(BUCKET_SET), bucket_loads
+        assert max(bucket_loads.values()) - min(bucket_loads.values()) <= 1, bucket_loads
         assert all(s.docs[n]["identity"] == n for n in s.docs)
 
         # 4. scale up 3 -> 4: about a quarter of the units move, each handed over (old stops, then new starts)
@@ -426,12 +444,17 @@ def test_fifty_clusters_over_replicas_never_two_owners(control_plane_factory, tm
         measured("scale-up 3->4 to convergence", f"{s.t - t_up:.1f}s")
         after_owners, after_tr = s.owners(), s.transitions()
         moved = {u for u in UNITS if before_owners[u] != after_owners[u]}
-        loads = {n: d["owned"] for n, d in s.docs.items()}
+        loads, bucket_loads = {n: d["owned"] for n, d in s.docs.items()}, s.bucket_loads()
         to_d = sum(after_owners[u] == "d" for u in moved)
-        measured("scale-up moved units", f"{len(moved)} of {len(UNITS)} ({to_d} to the new replica d, the others "
-                 f"between old replicas: bounded loads); balance over 4 {dict(sorted(loads.items()))}")
-        assert 8 <= len(moved) <= 20, moved
-        assert all(abs(n - len(UNITS) / 4) <= 1 for n in loads.values()), loads
+        moved_buckets = {bucket_of(u, BUCKETS) for u in moved}
+        measured("scale-up moved units", f"{len(moved)} of {len(UNITS)} in {len(moved_buckets)} of "
+                 f"{len(BUCKET_SET)} buckets ({to_d} units to the new replica d, the others between old replicas: "
+                 f"bounded loads); balance over 4 {dict(sorted(loads.items()))} units, "
+                 f"{dict(sorted(bucket_loads.items()))} buckets")
+        # A bucket moves whole: every unit of it, or none.
+        assert all(after_owners[u] != before_owners[u] for u in UNITS if bucket_of(u, BUCKETS) in moved_buckets)
+        assert len(BUCKET_SET) // 4 <= len(moved_buckets) <= 1.5 * len(BUCKET_SET) / 4 + 2, moved_buckets
+        assert max(bucket_loads.values()) - min(bucket_loads.values()) <= 1, bucket_loads
         gaps = {u: g for u in moved
                 for g in first_running_on(fleet.window(t_up), {u}, after_owners[u], t_up).values()}
         handover_gaps = unowned_gaps(fleet.window(t_up, s.t))
@@ -475,7 +498,7 @@ def test_fifty_clusters_over_replicas_never_two_owners(control_plane_factory, tm
         stale = overlaps(fleet.window(t_cont, t_cont + RENEW_DEADLINE))
         measured("polls right after SIGCONT showing a unit running on the resumed replica and its new owner",
                  f"{max(stale.values(), default=0)} in a row ({sum(1 for n in stale.values() if n)} units)")
-        assert "stopping unit" in fleet.cars[paused].log
+        assert "stopping bucket" in fleet.cars[paused].log
 
         # 2b. apiserver outage longer than renew_deadline; then every unit runs again exactly once
         t_out = time.monotonic()
@@ -507,6 +530,9 @@ def test_fifty_clusters_over_replicas_never_two_owners(control_plane_factory, tm
                  f"({len(killed_units)} units; bound {BOUND:g}s)")
         measured("SIGKILL to each of its units running elsewhere", fmt(gaps))
         assert recovery < BOUND
+        # engaged elsewhere exactly once: no poll from the kill on shows one of its units on two replicas
+        double = {u: sorted(r) for p in fleet.window(t_kill) for u, r in p.runners.items() if len(r) > 1}
+        assert not double, f"units shown running on two replicas after the SIGKILL: {double}"
         s = fleet.converge({"b", "d"}, "after SIGKILL", timeout=30)
         t_e = time.monotonic()
         fleet.start("e")  # the Deployment's replacement
@@ -579,9 +605,10 @@ def test_fifty_clusters_over_replicas_never_two_owners(control_plane_factory, tm
         assert not late, late
 
         # churn of the outage recovery: units taken (the replicas' logs) from the apiserver's restart to convergence
-        takes = [line for car in fleet.cars.values() for line in car.log.splitlines() if "took unit" in line and
+        takes = [line for car in fleet.cars.values() for line in car.log.splitlines() if "took bucket" in line and
                  wall_start <= log_time(line) <= wall_recovered]
-        measured("unit takes during the outage recovery", f"{len(takes)} (each unit once would be {len(UNITS)})")
+        measured("bucket takes during the outage recovery", f"{len(takes)} (each bucket once would be "
+                 f"{len(BUCKET_SET)})")
 
         # each moved unit of the scale-up: the old holder's last write comes before the new holder's first
         order, write_gaps, jumps = [], [], []
