@@ -180,6 +180,7 @@ CHECKS: dict[str, Check] = {
     "leader_election.lease_duration": duration(),
     "leader_election.renew_deadline": duration(below="leader_election.lease_duration"),
     "leader_election.retry_period": duration(below="leader_election.renew_deadline"),
+    "leader_election.warm_standby": boolean,
     "webhooks.bind": host_port,
     "webhooks.cert_dir": existing("directory"),
     "webhooks.hosts": strings("DNS names or IP addresses"),

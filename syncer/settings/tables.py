@@ -23,6 +23,9 @@ class LeaderElection:
     - ``lease_duration``: how long a standby waits after the last renewal before taking over.
     - ``renew_deadline``: the leader gives up if it cannot renew for this long; ``< lease_duration``.
     - ``retry_period``: the interval of acquire and renew attempts; ``< renew_deadline``.
+    - ``warm_standby``: a standby keeps the informers its controllers require listed and watched, so that a new
+      leader's controllers start on synced caches (no list after failover); off: a standby watches only what
+      ``watch`` says, and a new leader lists the rest after it wins (less memory and API load per standby).
     """
 
     enabled: bool = False
@@ -31,6 +34,7 @@ class LeaderElection:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    warm_standby: bool = True
 
 
 @dataclass(frozen=True)

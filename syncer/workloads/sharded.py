@@ -15,6 +15,7 @@ from controllers import ControllerManager, Fence, ManagedController
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
 from controllers.health import HealthItem
+from informers import GVR
 
 from ..settings import Settings
 from ..shard_units import ClusterUnits, ControllerUnits
@@ -41,6 +42,10 @@ class _Sharded:
         self.controllers = controllers
         self._on_stuck = on_stuck
         self.shards: ShardCoordinator | None = None  # from start() to stop()
+
+    def standby_gvrs(self) -> set[GVR]:
+        """None: a process-long workload runs on every replica, there is no standby."""
+        return set()
 
     async def _join(self, units: ClusterUnits | ControllerUnits) -> None:
         p = self.process
