@@ -10,7 +10,7 @@ where a cold standby watches nothing), the bench plugin ``bench/plugins_failover
 ConfigMaps, no work per reconcile) and leader election at 4 s / 3 s / 0.5 s (lease_duration / renew_deadline /
 retry_period: only how long the standby waits before it may take over, which is not measured).
 
-A round, for each mode (``leader_election.warm_standby`` true, then false; the order alternates by round): replica
+A round, for each mode (``warm_standby`` true, then false; the order alternates by round): replica
 ``a`` is started and leads; once it has reconciled every object, replica ``b`` is started; once ``b`` is ready
 (warm: its ConfigMap informer synced; its RSS is read then), ``a`` is SIGKILLed. ``b`` takes the Lease once it
 has not been renewed for lease_duration. Measured on ``b``:
@@ -80,6 +80,7 @@ entry_point_plugins = false
 namespace = "{NAMESPACE}"
 include = ["core/configmaps"]
 watch = "required"
+warm_standby = {str(warm).lower()}
 http_bind = "127.0.0.1:{self.port}"
 shutdown_timeout = "10s"
 [leader_election]
@@ -88,7 +89,6 @@ lease_name = "{LEASE}"
 lease_duration = "4s"
 renew_deadline = "3s"
 retry_period = "0.5s"
-warm_standby = {str(warm).lower()}
 """)
         self.proc = subprocess.Popen([sys.executable, "-m", "syncer", "run", "--settings", str(settings),
                                       "--identity", identity], cwd=ROOT, stdin=subprocess.DEVNULL,

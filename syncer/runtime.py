@@ -22,14 +22,15 @@ the recovery. At the end of a term, the workload and runnables stop together, wi
 admission webhook server (``webhook/``) runs on every replica from the start, leader or not, and ``/readyz``
 waits for it.
 
-Warm standby (``leader_election.warm_standby``, on by default): from discovery on, every replica declares the
-GVRs its per-term workload will read (``standby_gvrs``) to the local factory under ``WARM_STANDBY``, so their
+Warm standby (``warm_standby``, on by default) with leader election: from discovery on, every replica declares
+the GVRs its per-term workload will read (``standby_gvrs``) to the local factory under ``WARM_STANDBY``, so their
 informers list and watch while it stands by, and a new leader's controllers start on synced caches: no list
-after failover (with ``watch = "all"`` they are watched anyway; this matters for ``"required"`` and metadata-only
-GVRs). It keeps them across terms and until shutdown. Unlike controller-runtime's warm replicas (``EnableWarmup``),
-which also start each controller's event sources and queue, the controllers themselves are created only when the
-term starts (``create`` is plugin code, which may act): their handlers then replay the synced cache from memory.
-Like them, a standby pays its own list and watch load and cache memory; ``/readyz`` does not wait for the sync.
+after failover (with ``watch = "all"`` they are watched anyway; this matters for ``"required"`` and
+metadata-only GVRs). It keeps them across terms and until shutdown. Unlike controller-runtime's warm replicas
+(``EnableWarmup``), which also start each controller's event sources and queue, the controllers themselves are
+created only when the term starts (``create`` is plugin code, which may act): their handlers then replay the
+synced cache from memory. Like them, a standby pays its own list and watch load and cache memory; ``/readyz``
+does not wait for the sync.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from .plugins import Plugins
 from .runnables import Runnables, Stores
 from .settings import Settings
 from .wiring import build_workload, local_factory, sharding_refusal, term_stop_timeout
-from .workload import Lifetime, Process
+from .workload import WARM_STANDBY, Lifetime, Process
 
 if TYPE_CHECKING:
     # Imported where their mode starts (election on, webhooks declared, the server started): a process that
@@ -66,7 +67,6 @@ __all__ = ["ControllersStuck", "StartupError", "Syncer", "sharding_refusal", "sm
 _LEADER = Gauge("syncer_is_leader", "1 while this replica holds the lease (or election is off).")
 _LEADERSHIPS = Counter("syncer_leadership_acquired_total", "Times this replica became leader.")
 _CONNECT_ERRORS = (*CONNECTION_ERRORS, ApiError)
-WARM_STANDBY = "syncer-warm-standby"  # the local factory's owner name of what a standby keeps watched
 # asyncio gives every TLS connection a 256 KiB read buffer, and every watch is one connection: with hundreds of
 # informers that buffer is most of their memory (335 KiB per idle informer measured, 91 KiB with 16 KiB buffers;
 # bench/RESULTS-discovery.md). 16 KiB is the largest TLS record, so reads lose nothing that matters. The setting
@@ -111,9 +111,9 @@ class Syncer:
         self.factory = local_factory(settings, client, self.supervisor)
         self.workload = build_workload(Process(settings, client, self.identity, self.supervisor, self.factory),
                                        plugins, self._unit_stuck)
-        le = settings.leader_election
         # Declared before discovery: its first pass starts them (the workload's own declaration comes per term).
-        self.warm = self.workload.standby_gvrs() if le.enabled and le.warm_standby else set()
+        self.warm = self.workload.standby_gvrs() if settings.leader_election.enabled and settings.warm_standby \
+            else set()
         if self.warm:
             self.factory.require(WARM_STANDBY, self.warm)
         self.stores = Stores(plugins.stores, settings.start_timeout)

@@ -52,7 +52,7 @@ from .lease import LeaseRecord
 from .rendezvous import assign
 from .settings import Sharding
 from .shard_group import ShardGroup, unit_lease
-from .shard_state import HANDOVER_SECONDS, HANDOVERS, LOST, OWNED, Held, ShardMetrics, Unit, Units
+from .shard_state import HANDOVER_SECONDS, HANDOVERS, LOST, OWNED, Held, Prepares, ShardMetrics, Unit, Units
 from .shard_state import UnitState as UnitState  # what ``status()`` shows
 
 
@@ -87,6 +87,7 @@ class ShardCoordinator:
         self._wake = asyncio.Event()
         self._closing = False
         self._assignment: tuple[tuple[frozenset[str], frozenset[str]], dict[str, str]] | None = None
+        self._mine: frozenset[str] = frozenset()  # the units assigned here, as last told to ``units`` (Prepares)
         self._group = ShardGroup(client, config, identity, units.names, self._lost, self._wake)
         self._log = logger.bind(shards=config.group, identity=identity)
         ShardMetrics.for_registry(metrics_registry).coordinators.add(self)
@@ -211,6 +212,7 @@ class ShardCoordinator:
         members = self.live_members(now)
         live = self.identity in members
         owners = self._assign(names, members) if live else {}
+        self._prepare(frozenset(n for n, owner in owners.items() if owner == self.identity))
         for name in sorted(names | set(self._units)):
             u = self._units.get(name) or self._units.setdefault(name, Unit(name, unit_lease(cfg.group, name)))
             if owners.get(name, "") != u.assigned:
@@ -251,6 +253,13 @@ class ShardCoordinator:
                         self._take_soon(u, current, rescue=True)
         if not self._closing:
             self._collect_members(now)
+
+    def _prepare(self, mine: frozenset[str]) -> None:
+        """Tell units that prepare (``Prepares``) what is assigned here, held or not yet, when that changes."""
+        if mine != self._mine:
+            self._mine = mine
+            if isinstance(self.units, Prepares):
+                self.units.assigned(mine)
 
     def _assign(self, names: set[str], members: list[str]) -> dict[str, str]:
         key = (frozenset(names), frozenset(members))

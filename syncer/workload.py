@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from controllers.coordinator import Coordinator
 
 
+WARM_STANDBY = "syncer-warm-standby"  # the local factory's owner of what is kept watched for work not running yet
+
+
 class Lifetime(enum.Enum):
     """When a workload runs."""
 

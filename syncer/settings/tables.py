@@ -23,9 +23,6 @@ class LeaderElection:
     - ``lease_duration``: how long a standby waits after the last renewal before taking over.
     - ``renew_deadline``: the leader gives up if it cannot renew for this long; ``< lease_duration``.
     - ``retry_period``: the interval of acquire and renew attempts; ``< renew_deadline``.
-    - ``warm_standby``: a standby keeps the informers its controllers require listed and watched, so that a new
-      leader's controllers start on synced caches (no list after failover); off: a standby watches only what
-      ``watch`` says, and a new leader lists the rest after it wins (less memory and API load per standby).
     """
 
     enabled: bool = False
@@ -34,7 +31,6 @@ class LeaderElection:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
-    warm_standby: bool = True
 
 
 @dataclass(frozen=True)
@@ -229,6 +225,11 @@ class Settings:
       the event loop was when it stalled) on ``http_bind``.
     - ``watch``: which served (and filtered) GVRs get informers: ``"all"``, or ``"required"``: only those some
       controller requires (fewer watches; ``syncer status`` shows the others as idle).
+    - ``warm_standby``: a replica keeps synced the informers of the work it may run next, so that this work starts
+      on synced caches, without listing: with leader election, a standby those its controllers require; with
+      sharded controllers, a replica those of the controllers assigned to it, before it holds them. Off: a replica
+      watches only what ``watch`` and its running work need, and lists the rest when it takes over (less memory
+      and API load per standby).
     - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``; ``clusters``: see
       ``Clusters``; ``sharding``: see ``Sharding``. ``source``: the settings
       file read (not a setting).
@@ -259,6 +260,7 @@ class Settings:
     http2: bool = True
     debug_endpoints: bool = False
     watch: WatchMode = "all"
+    warm_standby: bool = True
     leader_election: LeaderElection = field(default_factory=LeaderElection)
     webhooks: Webhooks = field(default_factory=Webhooks)
     clusters: Clusters = field(default_factory=Clusters)

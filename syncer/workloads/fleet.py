@@ -4,9 +4,8 @@ the plugins' fleet controllers and components over all members (``controllers/cl
 ``controllers/fleet.py``).
 
 They live for the term only: standbys watch no member cluster, so a new leader connects to every member before
-its controllers start there; only the local cluster, when it is a member, is warm on a standby (its informers are
-the sidecar's own, kept synced by the warm standby of ``runtime.py``). A member that is down shows in ``/status`` but does not fail ``/healthz``:
-restarting this process would not help it.
+its controllers start there. Only the local cluster, when it is a member, is warm on a standby: its informers are
+the sidecar's own, kept synced by the warm standby of ``runtime.py``.
 """
 
 from __future__ import annotations

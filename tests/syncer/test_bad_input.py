@@ -301,19 +301,19 @@ CASES: dict[str, Case] = {
         "log_level, log_libraries, namespace, "
         "plugin_settings, plugins, preferred_version_only, priority_queue, rediscovery_interval, resync, sharding, "
         "shutdown_timeout, "
-        "start_timeout, uvloop, watch, webhooks, workers"),
+        "start_timeout, uvloop, warm_standby, watch, webhooks, workers"),
     "unknown-nested": Case(
         "[leader_election]\nenable = true",
         "unknown setting 'leader_election.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); "
         "known settings in [leader_election] are enabled, lease_duration, lease_name, lease_namespace, "
-        "renew_deadline, retry_period, warm_standby"),
+        "renew_deadline, retry_period"),
     "env-range": Case(
         "", "setting 'workers' must be an integer from 1 to 1000, got 0; fix environment variable SYNCER_WORKERS "
         "(it overrides the settings file)", env={"SYNCER_WORKERS": "0"}),
     "env-unknown": Case(
         "", "unknown setting 'leader_election.foo' in environment variable SYNCER_LEADER_ELECTION__FOO; known "
         "settings in [leader_election] are enabled, lease_duration, lease_name, lease_namespace, renew_deadline, "
-        "retry_period, warm_standby", env={"SYNCER_LEADER_ELECTION__FOO": "1"}),
+        "retry_period", env={"SYNCER_LEADER_ELECTION__FOO": "1"}),
     "option-kubeconfig-missing": Case(
         "", "setting 'kubeconfig' must be the path of an existing kubeconfig file, got '/missing/path' (it does not "
         "exist); fix the --kubeconfig option", options=("--kubeconfig", "/missing/path")),

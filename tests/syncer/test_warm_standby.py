@@ -12,8 +12,8 @@ from syncer.testing.pytest_plugin import kube_client
 from tests.sidecar import Sidecar
 
 # watch = "required": without the warm standby a standby would watch none of the plugin's GVRs.
-SETTINGS = ('watch = "required"\n[leader_election]\nenabled = true\nlease_namespace = "default"\n'
-            'lease_duration = "4s"\nrenew_deadline = "3s"\nretry_period = "0.5s"\nwarm_standby = {warm}\n')
+SETTINGS = ('watch = "required"\nwarm_standby = {warm}\n[leader_election]\nenabled = true\n'
+            'lease_namespace = "default"\nlease_duration = "4s"\nrenew_deadline = "3s"\nretry_period = "0.5s"\n')
 PLUGIN = ("examples.plugins.configmap_mirror",)  # requires configmaps and namespaces
 WATCHED = ("configmaps.v1", "namespaces.v1")
 # A full list is a LIST, or a watch-list stream (sendInitialEvents: how the informers list a server that has it).
