@@ -36,6 +36,7 @@ class ControllerUnits:
         return self._names
 
     def assigned(self, units: frozenset[str]) -> None:
+        """The units assigned here now (``Prepares``): handed to ``prepare``."""
         if self._prepare is not None:
             self._prepare(units)
 

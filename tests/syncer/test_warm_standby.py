@@ -4,11 +4,19 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import kubernetes
 import pytest
 
+from controllers import ManagedController
+from informers import GVR
+from syncer.plugins import Plugins
+from syncer.settings import Clusters, Settings
 from syncer.testing.pytest_plugin import kube_client
+from syncer.workload import Process
+from syncer.workloads.fleet import Fleet
 from tests.sidecar import Sidecar
 
 # watch = "required": without the warm standby a standby would watch none of the plugin's GVRs.
@@ -60,6 +68,9 @@ def test_a_new_leader_reconciles_without_listing_when_the_standby_was_warm(contr
         status = standby.status()
         assert status["leader"] is False and set(status["warm_standby"]) == set(WATCHED)
         assert {c["state"] for c in status["controllers"]} == {"standby"}, status["controllers"]
+        out = subprocess.run([sys.executable, "-m", "syncer", "status", "--url",
+                              f"http://127.0.0.1:{standby.port}/status"], capture_output=True, text=True, timeout=30)
+        assert "leader=False" in out.stdout and "warm standby=2 GVRs" in out.stdout, out.stdout + out.stderr
     else:
         assert all(gvr_states(standby).get(g) == "idle" for g in WATCHED), gvr_states(standby)
         assert standby.status()["warm_standby"] == []
@@ -74,3 +85,13 @@ def test_a_new_leader_reconciles_without_listing_when_the_standby_was_warm(contr
         assert listed == dict.fromkeys(WATCHED, 0.0), listed
     else:
         assert all(n >= 1 for n in listed.values()), listed
+
+
+def test_a_fleet_standby_warms_only_the_local_member() -> None:
+    # Other members are connected only for a term; the local one's informers are the sidecar's own.
+    configmaps = GVR("", "v1", "configmaps")
+    plugins = Plugins.of({"c": ManagedController([configmaps], lambda ctx: None)})
+    for include_local, warm in ((True, {configmaps}), (False, set())):
+        settings = Settings(clusters=Clusters(enabled=True, include_local=include_local))
+        process = Process(settings, None, "me", None, None)  # type: ignore[arg-type]  # none used here
+        assert Fleet(process, plugins, lambda *a, **k: None, 1.0).standby_gvrs() == warm  # type: ignore[arg-type]
