@@ -21,6 +21,16 @@ does, see ``runnables.py``), then their runnables and the term's workload start;
 the recovery. At the end of a term, the workload and runnables stop together, within the same bound. The
 admission webhook server (``webhook/``) runs on every replica from the start, leader or not, and ``/readyz``
 waits for it.
+
+Warm standby (``warm_standby``, on by default) with leader election: from discovery on, every replica declares
+the GVRs its per-term workload will read (``standby_gvrs``) to the local factory under ``WARM_STANDBY``, so their
+informers list and watch while it stands by, and a new leader's controllers start on synced caches: no list
+after failover (with ``watch = "all"`` they are watched anyway; this matters for ``"required"`` and
+metadata-only GVRs). It keeps them across terms and until shutdown. Unlike controller-runtime's warm replicas
+(``EnableWarmup``), which also start each controller's event sources and queue, the controllers themselves are
+created only when the term starts (``create`` is plugin code, which may act): their handlers then replay the
+synced cache from memory. Like them, a standby pays its own list and watch load and cache memory; ``/readyz``
+does not wait for the sync.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from .plugins import Plugins
 from .runnables import Runnables, Stores
 from .settings import Settings
 from .wiring import build_workload, local_factory, sharding_refusal, term_stop_timeout
-from .workload import Lifetime, Process
+from .workload import WARM_STANDBY, Lifetime, Process
 
 if TYPE_CHECKING:
     # Imported where their mode starts (election on, webhooks declared, the server started): a process that
@@ -101,6 +111,11 @@ class Syncer:
         self.factory = local_factory(settings, client, self.supervisor)
         self.workload = build_workload(Process(settings, client, self.identity, self.supervisor, self.factory),
                                        plugins, self._unit_stuck)
+        # Declared before discovery: its first pass starts them (the workload's own declaration comes per term).
+        self.warm = self.workload.standby_gvrs() if settings.leader_election.enabled and settings.warm_standby \
+            else set()
+        if self.warm:
+            self.factory.require(WARM_STANDBY, self.warm)
         self.stores = Stores(plugins.stores, settings.start_timeout)
         self.runnables = Runnables(plugins.runnables)
         self.webhooks: WebhookService | None = None
@@ -133,6 +148,7 @@ class Syncer:
             "leader": self.leading,
             "leader_election": self.settings.leader_election.enabled,
             "lease_holder": self.leadership.observed_holder,
+            "warm_standby": sorted(map(str, self.warm)),
             "gvrs": [s.as_dict() for s in self.factory.status()],
             "controllers": work.controllers if work.controllers is not None else
             [{"name": n, "state": "standby" if self.ready else "starting"} for n in self.plugins.controllers],

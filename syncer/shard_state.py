@@ -14,7 +14,7 @@ import enum
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -66,6 +66,14 @@ class Units(Protocol):
     async def stop(self, unit: str) -> list[str]:
         """Stop the unit's work (drained); the names of controllers that did not stop in time."""
         ...
+
+
+@runtime_checkable
+class Prepares(Protocol):
+    """Units that get ready for the ones assigned to this replica before it holds them (the warm standby):
+    ``assigned(units)`` is called with every change of that set (empty once this replica is not a live member)."""
+
+    def assigned(self, units: frozenset[str]) -> None: ...
 
 
 @dataclass

@@ -20,17 +20,25 @@ ManagerMaker = Callable[[str, Fence], ControllerManager]
 
 class ControllerUnits:
     """Each managed controller is a unit, run by a ControllerManager of its own (``make_manager(name, fence)``)
-    over the process's shared informer factory."""
+    over the process's shared informer factory. ``prepare``, if given, is told the units assigned to this replica
+    (``Prepares``): the warm standby has their GVRs watched before their Leases are taken."""
 
     kind = UnitKind.CONTROLLERS
 
-    def __init__(self, names: list[str], make_manager: ManagerMaker) -> None:
+    def __init__(self, names: list[str], make_manager: ManagerMaker,
+                 prepare: Callable[[frozenset[str]], None] | None = None) -> None:
         self._names = set(names)
         self._make = make_manager
+        self._prepare = prepare
         self.managers: dict[str, ControllerManager] = {}
 
     def names(self) -> set[str]:
         return self._names
+
+    def assigned(self, units: frozenset[str]) -> None:
+        """The units assigned here now (``Prepares``): handed to ``prepare``."""
+        if self._prepare is not None:
+            self._prepare(units)
 
     async def start(self, unit: str, fence: UnitFence) -> None:
         manager = self.managers[unit] = self._make(unit, fence)

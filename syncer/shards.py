@@ -64,7 +64,7 @@ from .lease import LeaseRecord
 from .rendezvous import assign, bucket_of
 from .settings import Sharding
 from .shard_group import ShardGroup, bucket_lease
-from .shard_state import HANDOVER_SECONDS, HANDOVERS, LOST, OWNED, Bucket, Held, ShardMetrics, Units
+from .shard_state import HANDOVER_SECONDS, HANDOVERS, LOST, OWNED, Bucket, Held, Prepares, ShardMetrics, Units
 from .shard_state import UnitState as UnitState  # what ``status()`` shows
 
 # Unit starts run at most this many at once. A replica taking many buckets together (its first start, a dead
@@ -110,6 +110,7 @@ class ShardCoordinator:
         self._starts = asyncio.Semaphore(STARTS_AT_ONCE)
         self._closing = False
         self._assignment: tuple[tuple[frozenset[str], frozenset[str]], dict[str, str]] | None = None
+        self._mine: frozenset[str] = frozenset()  # the units assigned here, as last told to ``units`` (Prepares)
         self._group = ShardGroup(client, config, identity, self.buckets, lambda: set(self._groups()), self._lost,
                                  self._wake)
         self._log = logger.bind(shards=config.group, identity=identity)
@@ -265,6 +266,8 @@ class ShardCoordinator:
         members = self.live_members(now)
         live = self.identity in members
         owners = self._assign(set(groups), members) if live and self._agreed(members) else {}
+        self._prepare(frozenset(unit for key, owner in owners.items() if owner == self.identity
+                                for unit in groups.get(key, ())))
         for key in sorted(groups.keys() | self._buckets.keys()):
             b = self._buckets.get(key) or self._buckets.setdefault(key, Bucket(key, bucket_lease(cfg.group, key,
                                                                                                 self.buckets)))
@@ -321,6 +324,13 @@ class ShardCoordinator:
                                   "taking nothing until they are gone (every replica must have the same "
                                   "sharding.buckets)", ", ".join(other), self.buckets)
         return not other
+
+    def _prepare(self, mine: frozenset[str]) -> None:
+        """Tell units that prepare (``Prepares``) what is assigned here, held or not yet, when that changes."""
+        if mine != self._mine:
+            self._mine = mine
+            if isinstance(self.units, Prepares):
+                self.units.assigned(mine)
 
     def _assign(self, names: set[str], members: list[str]) -> dict[str, str]:
         key = (frozenset(names), frozenset(members))

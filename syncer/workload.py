@@ -6,7 +6,8 @@ settings: the controllers of one cluster (``workloads/single.py``), a fleet of m
 (``workloads/fleet.py``), or a share of either spread over the replicas (``workloads/sharded.py``). As
 controller-runtime's manager starts its runnables by group (those needing leader election, the others), a
 workload says when it runs (``Lifetime``): for each leadership term, under that term's fence, or for the whole
-process, from discovery on, on every replica.
+process, from discovery on, on every replica. A per-term workload also says which of the local cluster's GVRs a
+standby keeps watched (``standby_gvrs``, the warm standby of ``runtime.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from .settings import Settings
 if TYPE_CHECKING:
     from controllers.cluster_registry import ClusterRegistry
     from controllers.coordinator import Coordinator
+
+
+WARM_STANDBY = "syncer-warm-standby"  # the local factory's owner of what is kept watched for work not running yet
 
 
 class Lifetime(enum.Enum):
@@ -47,9 +51,13 @@ class WorkloadStatus:
 class Workload(Protocol):
     """One mode's work. ``start(fence)`` returns once it is started (``fence``: the term's, or ``OPEN`` for a
     process-long one); ``stop()`` stops it, drained, and returns the names of what did not stop in time (the
-    process must then exit); both may be called again (a new term), and ``stop()`` without a ``start()``."""
+    process must then exit); both may be called again (a new term), and ``stop()`` without a ``start()``.
+    ``standby_gvrs()``: the local factory's GVRs its next term will read, which a standby keeps synced (empty for
+    a process-long workload)."""
 
     lifetime: Lifetime
+
+    def standby_gvrs(self) -> set[GVR]: ...
 
     async def start(self, fence: Fence) -> None: ...
 

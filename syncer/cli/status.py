@@ -31,7 +31,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             doc = json.load(resp)
-        election = (f"leader={doc['leader']}  lease holder={doc.get('lease_holder') or '-'}"
+        warm = doc.get("warm_standby") or []
+        election = (f"leader={doc['leader']}  lease holder={doc.get('lease_holder') or '-'}  "
+                    f"warm standby={len(warm)} GVR{'s' if len(warm) != 1 else ''}"
                     if doc.get("leader_election") else "leader election off")
         header = f"identity {doc['identity']}  ready={doc['ready']}  {election}\n"
         controllers = [(c["name"], c["state"], str(c.get("restarts", 0)), str(c.get("reconcile_errors", 0)),

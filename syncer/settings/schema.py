@@ -174,6 +174,7 @@ CHECKS: dict[str, Check] = {
     "http2": boolean,
     "debug_endpoints": boolean,
     "watch": choice(("all", "required")),
+    "warm_standby": boolean,
     "leader_election.enabled": boolean,
     "leader_election.lease_name": dns_name("subdomain"),
     "leader_election.lease_namespace": dns_name("label"),

@@ -237,6 +237,11 @@ class Settings:
       the event loop was when it stalled) on ``http_bind``.
     - ``watch``: which served (and filtered) GVRs get informers: ``"all"``, or ``"required"``: only those some
       controller requires (fewer watches; ``syncer status`` shows the others as idle).
+    - ``warm_standby``: a replica keeps synced the informers of the work it may run next, so that this work starts
+      on synced caches, without listing: with leader election, a standby those its controllers require; with
+      sharded controllers, a replica those of the controllers assigned to it, before it holds them. Off: a replica
+      watches only what ``watch`` and its running work need, and lists the rest when it takes over (less memory
+      and API load per standby).
     - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``; ``clusters``: see
       ``Clusters``; ``sharding``: see ``Sharding``. ``source``: the settings
       file read (not a setting).
@@ -267,6 +272,7 @@ class Settings:
     http2: bool = True
     debug_endpoints: bool = False
     watch: WatchMode = "all"
+    warm_standby: bool = True
     leader_election: LeaderElection = field(default_factory=LeaderElection)
     webhooks: Webhooks = field(default_factory=Webhooks)
     clusters: Clusters = field(default_factory=Clusters)

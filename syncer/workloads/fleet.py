@@ -4,8 +4,8 @@ the plugins' fleet controllers and components over all members (``controllers/cl
 ``controllers/fleet.py``).
 
 They live for the term only: standbys watch no member cluster, so a new leader connects to every member before
-its controllers start there. A member that is down shows in ``/status`` but does not fail ``/healthz``:
-restarting this process would not help it.
+its controllers start there. Only the local cluster, when it is a member, is warm on a standby: its informers are
+the sidecar's own, kept synced by the warm standby of ``runtime.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from controllers.cluster_registry import ClusterRegistry
 from controllers.fence import fenced
 from controllers.fleet import FleetComponent, FleetLoop, FleetScope
 from controllers.health import HealthItem
-from informers import TaskHandle
+from informers import GVR, TaskHandle
 
 from ..plugins import Plugins
 from ..workload import Lifetime, Process, RegistryMaker, WorkloadStatus
@@ -50,13 +50,22 @@ class Fleet:
         self.per_cluster: ClusterControllers | None = None
         self.loops: list[FleetLoop] = []
 
+    def _required(self) -> set[GVR]:
+        """What every member watches: the GVRs of the per-cluster controllers and of the fleet controllers."""
+        plugins = self.plugins
+        return {g for spec in plugins.controllers.values() for g in spec.required_gvrs} | \
+            {spec.gvr for spec in plugins.fleet.values()}
+
+    def standby_gvrs(self) -> set[GVR]:
+        """The members' GVRs in the local cluster when it is a member (``include_local``); other members are not
+        connected before the term, so only the local one can be warm."""
+        return self._required() if self.process.settings.clusters.include_local else set()
+
     async def start(self, fence: Fence) -> None:
         """Build this term's registry, register the per-cluster controllers and the fleet loops with it, spawn
         the fleet controllers and components, then connect to the members."""
         p, plugins = self.process, self.plugins
-        required = {g for spec in plugins.controllers.values() for g in spec.required_gvrs}
-        required |= {spec.gvr for spec in plugins.fleet.values()}
-        registry = self.registry = self._make_registry(required, fence=fence)
+        registry = self.registry = self._make_registry(self._required(), fence=fence)
         self.per_cluster = ClusterControllers(plugins.controllers, name=p.identity, fence=fence,
                                               **p.manager_options(self.stop_timeout))
         await registry.register_cluster_handler(self.per_cluster)

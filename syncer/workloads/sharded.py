@@ -6,6 +6,13 @@ The coordinator runs for the whole process: it joins once discovery is done, on 
 election says, and a stop request hands every unit over before anything else stops. Leader election, if on,
 still decides where the singleton work (stores, runnables) runs. Fleet controllers and components need every
 cluster in one process, so they are refused in this mode (``wiring.sharding_refusal``).
+
+Warm standby (``warm_standby``): with controllers as units, a replica keeps watched the GVRs of the controllers
+assigned to it as soon as the assignment says so (``Prepares``), before it takes their Leases: a unit handed over
+by a live replica (scale-up, a rollout) starts on synced caches, as does one whose holder died, if the assignment
+moved before its Lease expired. A dead holder's units are reassigned when its member Lease expires, which is about
+when their own Leases do: that case gains little, and warming every unit everywhere would undo the split of the
+caches. Member clusters as units are not warmed: a member is connected only while its unit is held.
 """
 
 from __future__ import annotations
@@ -16,11 +23,12 @@ from controllers import ControllerManager, Fence, ManagedController
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
 from controllers.health import HealthItem
+from informers import GVR
 
 from ..settings import Settings
 from ..shard_units import ClusterUnits, ControllerUnits
 from ..shards import ShardCoordinator
-from ..workload import Lifetime, Process, RegistryMaker, Stuck, WorkloadStatus
+from ..workload import WARM_STANDBY, Lifetime, Process, RegistryMaker, Stuck, WorkloadStatus
 from .fleet import cluster_rows, clusters_doc
 
 
@@ -42,6 +50,10 @@ class _Sharded:
         self.controllers = controllers
         self._on_stuck = on_stuck
         self.shards: ShardCoordinator | None = None  # from start() to stop()
+
+    def standby_gvrs(self) -> set[GVR]:
+        """None: a process-long workload runs on every replica, there is no standby."""
+        return set()
 
     async def _join(self, units: ClusterUnits | ControllerUnits) -> None:
         p = self.process
@@ -74,8 +86,14 @@ class ShardedControllers(_Sharded):
 
     async def start(self, fence: Fence) -> None:
         """Join the shard group with the controllers as units (``fence``: each unit has its own instead)."""
-        self.units = ControllerUnits(sorted(self.controllers), self._unit_manager)
+        warm = self.process.settings.warm_standby
+        self.units = ControllerUnits(sorted(self.controllers), self._unit_manager, self._warm if warm else None)
         await self._join(self.units)
+
+    def _warm(self, units: frozenset[str]) -> None:
+        """Keep the GVRs of the controllers assigned here watched, held or not yet: a unit this replica is to take
+        (from a replica handing it over, or whose Lease is about to expire) starts on synced caches."""
+        self.process.factory.require(WARM_STANDBY, {g for n in units for g in self.controllers[n].required_gvrs})
 
     def _unit_manager(self, name: str, fence: Fence) -> ControllerManager:
         p = self.process

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from controllers import ControllerManager, Fence, ManagedController
 from controllers.health import HealthItem
+from informers import GVR
 
 from ..workload import Lifetime, Process, WorkloadStatus
 
@@ -23,6 +24,10 @@ class SingleCluster:
         self.controllers = controllers
         self.stop_timeout = stop_timeout
         self.manager: ControllerManager | None = None  # this term's
+
+    def standby_gvrs(self) -> set[GVR]:
+        """Every GVR the controllers require."""
+        return {g for spec in self.controllers.values() for g in spec.required_gvrs}
 
     async def start(self, fence: Fence) -> None:
         """Start this term's manager."""

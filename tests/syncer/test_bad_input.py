@@ -301,7 +301,7 @@ CASES: dict[str, Case] = {
         "log_level, log_libraries, namespace, "
         "plugin_settings, plugins, preferred_version_only, priority_queue, rediscovery_interval, resync, sharding, "
         "shutdown_timeout, "
-        "start_timeout, uvloop, watch, webhooks, workers"),
+        "start_timeout, uvloop, warm_standby, watch, webhooks, workers"),
     "unknown-nested": Case(
         "[leader_election]\nenable = true",
         "unknown setting 'leader_election.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); "

@@ -470,3 +470,55 @@ async def test_unit_starts_run_a_bounded_number_at_once(control_plane: Any, name
         await eventually(lambda: len(recorder.running) == 3 * STARTS_AT_ONCE, timeout=20)
         await c.stop()
     assert in_flight[1] == STARTS_AT_ONCE and recorder.overlaps == []
+
+
+async def test_a_replica_is_told_its_units_before_it_takes_them(control_plane: Any, namespace: str) -> None:
+    # What the warm standby of sharded controllers rests on (``Prepares``): a unit handed over is assigned to its
+    # new owner (which starts watching what it needs) before that owner takes it.
+    recorder = Recorder(6)
+    events: list[tuple[str, str, Any]] = []
+
+    def preparing(identity: str, stop_delay: float = 0.0) -> Any:
+        inner = recorder.kind_for(identity, stop_delay)
+
+        class _Units:
+            kind = "test"
+
+            def names(self) -> set[str]:
+                return inner.names()
+
+            async def start(self, unit: str, fence: Any) -> None:
+                events.append((identity, "start", unit))
+                await inner.start(unit, fence)
+
+            async def stop(self, unit: str) -> list[str]:
+                return await inner.stop(unit)
+
+            def assigned(self, units: frozenset[str]) -> None:
+                events.append((identity, "assigned", units))
+
+        return _Units()
+
+    def last_assigned(identity: str) -> frozenset[str] | None:
+        told = [units for who, what, units in events if who == identity and what == "assigned"]
+        return told[-1] if told else None
+
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        coordinators = {i: ShardCoordinator(client, config(namespace), i, preparing(i, 0.5)) for i in ("r0", "r1")}
+        for c in coordinators.values():
+            await c.start()
+        await eventually(lambda: not unconverged(coordinators), timeout=30, what="6 units over 2 replicas")
+        for i in coordinators:
+            assert last_assigned(i) == {u for u, who in recorder.running.items() if who == i}, events
+        coordinators["r2"] = ShardCoordinator(client, config(namespace), "r2", preparing("r2"))
+        await coordinators["r2"].start()
+        await eventually(lambda: not unconverged(coordinators), timeout=30, what="6 units over 3 replicas")
+        moved = {u for u, who in recorder.running.items() if who == "r2"}
+        assert moved and last_assigned("r2") == moved
+        for unit in moved:  # told (while its old owner drained it for 0.5 s) before it started it
+            told = next(n for n, (who, what, units) in enumerate(events)
+                        if who == "r2" and what == "assigned" and unit in units)
+            assert told < events.index(("r2", "start", unit)), events
+        for c in coordinators.values():
+            await c.stop()
+        assert all(last_assigned(i) == frozenset() for i in coordinators), events
