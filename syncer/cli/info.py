@@ -39,7 +39,8 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
             elif served is not None and gvr.full not in served:
                 logger.warning("controller {} requires {}, which the API server {} does not serve ({}): it would "
-                               "wait until it does", name, gvr, host, not_served(gvr.full, served))
+                               "wait until it does", name, gvr, host,
+                               controller.waiting_reason(gvr, not_served(gvr.full, served)))
     fleet = sorted(plugins.fleet)
     components = sorted(c.name for c in plugins.components)
     refuse_fleet_with_sharding(settings, plugins)
