@@ -24,7 +24,7 @@ import inspect
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Literal, Sequence, Union
+from typing import Any, Awaitable, Callable, Iterator, Literal, Mapping, Sequence, Union
 
 from loguru import logger
 from prometheus_client import CollectorRegistry
@@ -35,6 +35,7 @@ from informers import (
     Supervisor,
 )
 from informers.discovering_factory import NOT_SERVED_YET
+from informers.discovery import NOTHING_PROVIDES
 from informers.metrics import MetricSet
 
 from .context import ControllerContext, ReconcileStats
@@ -55,10 +56,29 @@ class ManagedController:
 
     ``create(ctx)`` (sync or async) builds a fresh controller and returns its start function; ``start(ctx)`` runs
     until cancelled. ``create`` is called again for every (re)start.
+
+    ``provided_by`` names, for a required GVR that the user installs, what serves it, in words they can act on:
+    ``{WIDGETS: "the CRD in examples/crds/widget.json (kubectl apply -f examples/crds/widget.json)"}``. While
+    nothing serves it, the manager's "waits for" line (at INFO: an expected step, not a mistake) and the
+    controller's status say so.
     """
 
     required_gvrs: Sequence[GVR]
     create: CreateFunc
+    provided_by: Mapping[GVR, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        stray = [str(g) for g in self.provided_by if g not in self.required_gvrs]
+        if stray:
+            raise ValueError(f"provided_by names GVRs the controller does not require: {', '.join(stray)}")
+
+    def waiting_reason(self, gvr: GVR, reason: str) -> str:
+        """``reason`` why ``gvr`` is not served, and then what would provide it when nothing does
+        (``NOTHING_PROVIDES``, or a source that does not explain) and ``provided_by`` says."""
+        provider = self.provided_by.get(gvr)
+        if provider and (reason == _NOT_SERVED or reason.startswith(NOTHING_PROVIDES)):
+            return f"{reason}; it would be provided by {provider}"
+        return reason
 
 
 @dataclass
@@ -293,12 +313,15 @@ class ControllerManager:
     def _why_missing(self, r: _Runner, gvr: GVR) -> str:
         """``gvr`` with the source's reason for not serving it (``pods.v1 (excluded: ...)``), logged once per
         reason: a controller that waits because of the configuration must say so, not wait silently."""
-        reason = (self.source.explain(gvr) if isinstance(self.source, Explains) else None) or _NOT_SERVED
+        why = (self.source.explain(gvr) if isinstance(self.source, Explains) else None) or _NOT_SERVED
+        reason = r.spec.waiting_reason(gvr, why)
         if r.waiting_logged.get(gvr) != reason:
             r.waiting_logged[gvr] = reason
-            # Waiting for an API that is being installed is the normal case; one that nothing provides (a typo, a
-            # CRD never applied) or that the configuration keeps out (a filter, permissions) is one to point at.
-            self._log.log("INFO" if reason in (_NOT_SERVED, NOT_SERVED_YET) else "WARNING",
+            # Waiting for an API that is being installed is the normal case, and so is waiting for one the plugin
+            # says the user installs (the line says how): a first run before the user has applied its CRD. One
+            # that nothing provides otherwise (a typo) or that the configuration keeps out (a filter,
+            # permissions) is one to point at.
+            self._log.log("INFO" if why in (_NOT_SERVED, NOT_SERVED_YET) or reason != why else "WARNING",
                           "controller {} waits for {}: {}", r.name, gvr, reason)
         return f"{gvr} ({reason})"
 

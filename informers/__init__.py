@@ -35,9 +35,11 @@ from .union_lister import ClusterNotFound, ClusterObject, UnionLister
 from .untrusted_kubeconfig import (
     KubeconfigError, KubeconfigInvalid, KubeconfigRefused, client_from_untrusted_kubeconfig, kubeconfig_hash,
 )
+from .version import __version__
 from .wait import wait_first
 
 __all__ = [
+    "__version__",
     "ApiClient", "ApiError", "Backoff", "ClientConfig", "DeletedFinalStateUnknown", "DiscoveringDynamicSharedInformerFactory",
     "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout", "FieldSelector",
     "DiscoveryClient", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import importlib.metadata
 import math
 import os
 import platform
@@ -31,6 +30,7 @@ from .errors import ApiError, FenceError
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
 from .transport import CONNECTION_ERRORS as CONNECTION_ERRORS  # re-exported: callers catch them
 from .transport import Http1Transport, Http2Transport, Response, Transport
+from .version import __version__
 
 if TYPE_CHECKING:
     import kubernetes
@@ -47,12 +47,8 @@ _GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386
 
 def default_user_agent() -> str:
     """``kube-syncer/<version> (<os>/<arch>)``, with Go's names for the OS and architecture, as client-go's."""
-    try:
-        version = importlib.metadata.version("kube-syncer")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        version = "unknown"
     machine = platform.machine().lower()
-    return f"kube-syncer/{version} ({sys.platform}/{_GO_ARCH.get(machine, machine)})"
+    return f"kube-syncer/{__version__} ({sys.platform}/{_GO_ARCH.get(machine, machine)})"
 
 
 USER_AGENT = default_user_agent()

@@ -79,15 +79,18 @@ class DiscoveryResult:
     aggregated: bool = True
 
 
+NOTHING_PROVIDES = "not served: no CRD or APIService provides it"
+
+
 def not_served(gvr: GVR, served: Iterable[GVR]) -> str:
-    """Why nobody will serve ``gvr`` soon, for a user who asked for it: nothing provides it, and the served
-    GVRs closest to it (a typo in the resource, the wrong version or group), to fix the name."""
+    """Why nobody will serve ``gvr`` soon, for a user who asked for it: nothing provides it (``NOTHING_PROVIDES``),
+    and the served GVRs closest to it (a typo in the resource, the wrong version or group), to fix the name."""
     served = list(served)
     names = [str(g) for g in served]
     close = difflib.get_close_matches(str(gvr), names, n=3, cutoff=0.7)
     close += [str(g) for g in served if g.resource == gvr.resource and g.group == gvr.group and str(g) not in close]
     hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
-    return f"not served: no CRD or APIService provides it{hint}"
+    return f"{NOTHING_PROVIDES}{hint}"
 
 
 @dataclass(frozen=True)

@@ -102,4 +102,5 @@ def syncer_controllers(settings: dict[str, Any]) -> dict[str, ManagedController]
 
         return start
 
-    return {"namespace-views": ManagedController([VIEWS], create)}
+    return {"namespace-views": ManagedController([VIEWS], create, provided_by={
+        VIEWS: "the CRD in examples/crds/namespaceview.json (kubectl apply -f examples/crds/namespaceview.json)"})}

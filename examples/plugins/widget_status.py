@@ -82,4 +82,5 @@ def syncer_controllers(settings: dict[str, Any]) -> dict[str, ManagedController]
                 .owns(CONFIGMAPS)
                 .run)
 
-    return {"widget-status": ManagedController([WIDGETS, CONFIGMAPS], create)}
+    return {"widget-status": ManagedController([WIDGETS, CONFIGMAPS], create, provided_by={
+        WIDGETS: "the CRD in examples/crds/widget.json (kubectl apply -f examples/crds/widget.json)"})}

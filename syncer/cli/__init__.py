@@ -13,7 +13,7 @@ import sys
 
 from ..settings import SETTINGS_ENV
 from .common import EXIT_USAGE, Unreachable, UsageError
-from .info import cmd_check_config, cmd_discover, cmd_settings, cmd_version
+from .info import cmd_check_config, cmd_discover, cmd_settings, cmd_version, version_line
 from .local import LOCAL_CLUSTERS_NAMESPACE
 from .run import cmd_controlplane, cmd_run, event_loop, tune_gc
 from .status import cmd_status
@@ -27,6 +27,7 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``syncer`` console script and ``python -m syncer``."""
     parser = argparse.ArgumentParser(prog="syncer", description="kube-syncer: dynamic Kubernetes controllers")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_settings(p: argparse.ArgumentParser, cluster: bool = True) -> argparse.ArgumentParser:

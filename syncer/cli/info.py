@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import sys
 
 from loguru import logger
 
-from informers import ResourceFilter
+from informers import ResourceFilter, __version__
 from informers.discovery import not_served
 
 from ..logs import logs_after
@@ -40,7 +39,8 @@ def _check_config(args: argparse.Namespace, settings: Settings) -> int:
                                "add it to 'include' or remove it from 'exclude'", name, gvr, why)
             elif served is not None and gvr.full not in served:
                 logger.warning("controller {} requires {}, which the API server {} does not serve ({}): it would "
-                               "wait until it does", name, gvr, host, not_served(gvr.full, served))
+                               "wait until it does", name, gvr, host,
+                               controller.waiting_reason(gvr, not_served(gvr.full, served)))
     fleet = sorted(plugins.fleet)
     components = sorted(c.name for c in plugins.components)
     refuse_fleet_with_sharding(settings, plugins)
@@ -94,11 +94,12 @@ def cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_line() -> str:
+    """What ``syncer --version`` and ``syncer version`` print: the package and Python versions."""
+    return f"kube-syncer {__version__} (python {sys.version.split()[0]})"
+
+
 def cmd_version(args: argparse.Namespace) -> int:
-    """``syncer version``: the package and Python versions."""
-    try:
-        version = importlib.metadata.version("kube-syncer")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    print(f"kube-syncer {version} (python {sys.version.split()[0]})")
+    """``syncer version``: ``version_line()``."""
+    print(version_line())
     return 0

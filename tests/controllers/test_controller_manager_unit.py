@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from controllers import (
@@ -13,6 +15,7 @@ from controllers import (
 )
 from controllers.health import HealthItem
 from informers import Backoff, FuncHandler
+from informers.discovery import NOTHING_PROVIDES, not_served
 from tests.fakes import A, B, FakeSource, Probe, fast_backoff, obj
 from tests.helpers import nothing_within, settle
 
@@ -369,3 +372,44 @@ async def test_a_metadata_only_requirement_waits_for_that_informer_not_the_full_
         assert m.status()["meta"].missing == [f"{A} (metadata) (not served)"]
     finally:
         assert await m.stop() == []
+
+
+
+class _ExplainingSource(FakeSource):
+    """A FakeSource that explains as the discovering factory does a GVR that nothing provides."""
+
+    def explain(self, gvr):
+        return None if gvr in self.current else not_served(gvr.full, self.current)
+
+
+async def test_a_gvr_the_plugin_says_the_user_installs_is_waited_for_at_info_naming_what_provides_it():
+    # A first run before the user applied the CRD that the plugin names: INFO, and what to apply. A GVR that
+    # nothing provides and no plugin names (a typo) stays a WARNING.
+    src = _ExplainingSource()
+    widgets, typo = Probe("widgets"), Probe("typo")
+    hint = "the CRD in crds/a.json (kubectl apply -f crds/a.json)"
+    m = ControllerManager("test", src, {"widgets": ManagedController([A], widgets.create, provided_by={A: hint}),
+                                        "typo": ManagedController([B], typo.create)},
+                          backoff=fast_backoff, metrics_registry=CollectorRegistry())
+    records: list[dict] = []
+    sink = logger.add(lambda msg: records.append(msg.record), level="INFO",
+                      filter=lambda r: "waits for" in r["message"])
+    await m.start()
+    try:
+        await settle(lambda: len(records) == 2)
+        lines = sorted((r["level"].name, r["message"]) for r in records)
+        assert lines == [("INFO", f"controller widgets waits for {A}: {NOTHING_PROVIDES}; it would be provided by "
+                                  f"{hint}"),
+                         ("WARNING", f"controller typo waits for {B}: {NOTHING_PROVIDES}")], lines
+        assert m.status()["widgets"].missing == [f"{A} ({NOTHING_PROVIDES}; it would be provided by {hint})"]
+        src.add(A)
+        await settle(lambda: widgets.running == 1)
+    finally:
+        logger.remove(sink)
+        assert await m.stop() == []
+        await src.close()
+
+
+def test_provided_by_names_only_required_gvrs() -> None:
+    with pytest.raises(ValueError, match=f"provided_by names GVRs the controller does not require: {B}"):
+        ManagedController([A], lambda ctx: None, provided_by={B: "the CRD in b.json"})
