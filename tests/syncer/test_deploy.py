@@ -607,3 +607,14 @@ def test_managed_webhooks_mode_under_the_service_account(mode: Any, sidecar: Any
     crds = "customresourcedefinitions.apiextensions.k8s.io"
     assert all(kubectl.allowed(verb, crds) for verb in ("get", "update", "patch"))
     assert not kubectl.allowed("delete", crds) and not kubectl.allowed("create", crds)
+
+
+# -- deploy/monitoring: the dashboard's ConfigMap for Grafana's sidecar -------------------------------------------
+def test_monitoring_kustomization_passes_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
+    """`kubectl apply -k deploy/monitoring`: the dashboard, unchanged, in a ConfigMap Grafana's sidecar loads. (The
+    alerts and the dashboard's queries are checked in test_monitoring.py.)"""
+    [configmap] = _rendered(kubectl, DEPLOY / "monitoring")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["data"] == {"kube-syncer.json": (DEPLOY / "monitoring" / "dashboard.json").read_text()}
+    out = kubectl.ok("apply", "--dry-run=server", "-k", str(DEPLOY / "monitoring"), "-o", "name")
+    assert out.stdout.split() == ["configmap/kube-syncer-dashboard"] and "Warning" not in out.stderr
