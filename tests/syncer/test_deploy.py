@@ -1,8 +1,9 @@
-"""The deployment assets in deploy/: manifests validated by the real apiserver (server-side dry run), their
-RBAC checked by impersonating the service account, static checks of probes, settings and the Dockerfiles, and
-the example plugin package (deploy/plugin-example) found through its entry point by `syncer check-config`.
-Each mode of deploy/modes/ (multi-cluster, sharding, managed webhooks) is dry-run on top of the manifests and
-exercised by a `syncer run` sidecar under a token of the service account, with only the shipped RBAC."""
+"""The deployment assets in deploy/: the kustomize base (deploy/base) validated by the real apiserver (server-side
+dry run), its RBAC checked by impersonating the service account, static checks of probes, settings and the
+Dockerfiles, and the example plugin package (deploy/plugin-example) found through its entry point by `syncer
+check-config`. Each overlay of deploy/overlays/ (single, multi-cluster, sharding, webhooks) is rendered and
+dry-run, its settings variables checked against its mode file's header, and each mode file exercised by a `syncer
+run` sidecar under a token of the service account, with only the shipped RBAC."""
 
 from __future__ import annotations
 
@@ -377,7 +378,7 @@ def test_plugin_package_is_found_by_its_entry_point(tmp_path: Path, control_plan
 
 
 
-# -- every mode: deploy/modes/, each with a sidecar running under the service account's token -----------------
+# -- every mode: deploy/overlays/, each with a sidecar running under the service account's token -----------------
 def _mode_files(overlay: Path) -> list[Path]:
     """The objects an overlay adds to the base (its patches excluded)."""
     resources = yaml.safe_load((overlay / "kustomization.yaml").read_text())["resources"]
@@ -408,9 +409,9 @@ def _deployed_settings(kubeconfig: str, port: int, extra: str, plugins: tuple[st
 @pytest.fixture
 def mode(kubectl: Kubectl, deploy_namespace: str, control_plane: ControlPlane,
          tmp_path: Path) -> Iterator[Any]:
-    """``mode(file)``: applies the single-cluster RBAC and ``deploy/modes/<file>`` for real and returns the path
-    of a kubeconfig with a token of the kube-syncer service account (TokenRequest, as the kubelet gets it for
-    the pod). Everything applied is deleted afterwards."""
+    """``mode(file)``: applies the single-cluster RBAC and the mode file ``<file>`` of ``deploy/overlays/`` for real
+    and returns the path of a kubeconfig with a token of the kube-syncer service account (TokenRequest, as the
+    kubelet gets it for the pod). Everything applied is deleted afterwards."""
     applied: list[str] = []
 
     def apply(name: str) -> str:
