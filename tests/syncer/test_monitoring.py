@@ -5,8 +5,11 @@ both files. PromQL is read with a small tokenizer (selectors, grouping clauses, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -191,6 +194,7 @@ def test_dashboard_is_a_grafana_model_with_a_datasource_variable() -> None:
 
 
 # -- against running sidecars -------------------------------------------------------------------------------
+WEBHOOK_CONFIGURATION = "kube-syncer-monitoring-test"
 _FAILING_PLUGIN = '''
 from controllers import ManagedController
 from informers import GVR
@@ -223,15 +227,25 @@ def sidecars(control_plane: ControlPlane, namespace: str, admin_client: Any, tmp
             f'[clusters]\nenabled = true\nnamespaces = ["{namespace}"]\n'
             f'[leader_election]\nenabled = true\nlease_name = "monitoring"\nlease_namespace = "{namespace}"\n'
             f'[webhooks]\nbind = "127.0.0.1:{free_port()}"\ncert_dir = "{certs}"\nmanage_configurations = true\n'
-            f'configuration_name = "kube-syncer-monitoring-test"\nprobe_namespace = "{namespace}"\n')),
+            f'configuration_name = "{WEBHOOK_CONFIGURATION}"\nprobe_namespace = "{namespace}"\n')),
         Sidecar(tmp_path, kubeconfig, name="sharded", plugins=("examples.plugins.configmap_mirror",), extra=(
             f'[sharding]\nenabled = true\ngroup = "monitoring"\nlease_namespace = "{namespace}"\n')),
     ]
     try:
         yield cars
     finally:
+        for car in cars:  # a graceful stop: the webhook configurations and the Leases go with the process
+            car.proc.send_signal(signal.SIGTERM)
         for car in cars:
-            car.stop()
+            try:
+                car.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                car.stop()
+        admission = kubernetes.client.AdmissionregistrationV1Api(admin_client)
+        for delete in (admission.delete_validating_webhook_configuration,
+                       admission.delete_mutating_webhook_configuration):
+            with contextlib.suppress(kubernetes.client.ApiException):  # already deleted by the stop
+                delete(WEBHOOK_CONFIGURATION)
 
 
 def test_every_metric_and_label_the_queries_name_is_exported(sidecars: list[Sidecar]) -> None:
