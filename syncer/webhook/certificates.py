@@ -48,12 +48,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from loguru import logger
+from prometheus_client import Gauge
 
 from informers.errors import describe_error
 
 CERT_FILE, KEY_FILE, CA_FILE = "tls.crt", "tls.key", "ca.crt"  # the names cert-manager gives a Secret's keys
 _SELF_SIGNED_DAYS = 365
 _log = logger.bind(component="webhook certificates")
+# What an alert on expiry needs (deploy/monitoring/alerts.yaml): cert-manager exports its Certificates' expiry, but
+# not what this process actually serves (a renewed Secret not reloaded yet, a self-signed certificate, a CA older
+# than the leaf). controller-runtime's certwatcher exports read counts only.
+_EXPIRY = Gauge("syncer_webhook_certificate_expiry_timestamp_seconds",
+                "When the API server stops trusting the served webhook certificate (Unix time): the earlier of its "
+                "own and its CA's expiry.")
 
 
 class CertificateError(Exception):
@@ -86,6 +93,12 @@ class _Loaded:
         except ValueError:  # none in it
             return ""
         return min(a.not_valid_after_utc for a in authorities).isoformat()
+
+    def expiry(self) -> float:
+        """The earlier of the leaf's and its CA's expiry, as Unix time."""
+        ca = self.ca_not_after()
+        ends = [self.leaf.not_valid_after_utc] + ([datetime.datetime.fromisoformat(ca)] if ca else [])
+        return min(ends).timestamp()
 
 
 class ServingCertificates:
@@ -225,6 +238,7 @@ class ServingCertificates:
         """New handshakes get ``loaded``."""
         self._loaded = loaded
         self.context.current = loaded.context
+        _EXPIRY.set(loaded.expiry())
 
     def _serve(self, loaded: _Loaded) -> None:
         """Swap a reloaded certificate in."""

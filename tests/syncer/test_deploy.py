@@ -1,11 +1,13 @@
-"""The deployment assets in deploy/: manifests validated by the real apiserver (server-side dry run), their
-RBAC checked by impersonating the service account, static checks of probes, settings and the Dockerfiles, and
-the example plugin package (deploy/plugin-example) found through its entry point by `syncer check-config`.
-Each mode of deploy/modes/ (multi-cluster, sharding, managed webhooks) is dry-run on top of the manifests and
-exercised by a `syncer run` sidecar under a token of the service account, with only the shipped RBAC."""
+"""The deployment assets in deploy/: the kustomize base (deploy/base) validated by the real apiserver (server-side
+dry run), its RBAC checked by impersonating the service account, static checks of probes, settings and the
+Dockerfiles, and the example plugin package (deploy/plugin-example) found through its entry point by `syncer
+check-config`. Each overlay of deploy/overlays/ (single, multi-cluster, sharding, webhooks) is rendered and
+dry-run, its settings variables checked against its mode file's header, and each mode file exercised by a `syncer
+run` sidecar under a token of the service account, with only the shipped RBAC."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -31,7 +33,8 @@ from tests.tls import CA
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-MANIFESTS = DEPLOY / "manifests"
+MANIFESTS = DEPLOY / "base"
+OVERLAYS = DEPLOY / "overlays"
 PLUGIN = DEPLOY / "plugin-example"
 NAMESPACE = "kube-syncer"
 SERVICE_ACCOUNT = f"system:serviceaccount:{NAMESPACE}:kube-syncer"
@@ -45,7 +48,7 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 
 
 def _manifest_files() -> list[Path]:
-    return sorted(p for p in MANIFESTS.iterdir() if p.suffix in (".yaml", ".yml"))
+    return sorted(p for p in MANIFESTS.iterdir() if p.suffix in (".yaml", ".yml") and p.stem != "kustomization")
 
 
 def _documents() -> list[dict[str, Any]]:
@@ -69,8 +72,12 @@ def _syncer_container(deployment: dict[str, Any]) -> dict[str, Any]:
     return found[0]
 
 
+def _settings_text() -> str:
+    return str(_one("ConfigMap")["data"]["settings.toml"])
+
+
 def _settings() -> dict[str, Any]:
-    return tomllib.loads(_one("ConfigMap")["data"]["settings.toml"])
+    return tomllib.loads(_settings_text())
 
 
 # -- kubectl against the real control plane ---------------------------------------------------------------
@@ -118,7 +125,7 @@ def deploy_namespace(kubectl: Kubectl) -> str:
 
 # -- server-side dry run ----------------------------------------------------------------------------------
 def test_manifests_pass_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
-    out = kubectl.ok("apply", "--dry-run=server", "-f", str(MANIFESTS), "-o", "name")
+    out = kubectl.ok("apply", "--dry-run=server", "-k", str(MANIFESTS), "-o", "name")
     # No deprecation warnings for old apiVersions, no "would violate PodSecurity restricted" warnings.
     assert "Warning" not in out.stderr, out.stderr
     reported = set(out.stdout.split())
@@ -371,8 +378,18 @@ def test_plugin_package_is_found_by_its_entry_point(tmp_path: Path, control_plan
 
 
 
-# -- every mode: deploy/modes/, each with a sidecar running under the service account's token -----------------
-MODES = DEPLOY / "modes"
+# -- every mode: deploy/overlays/, each with a sidecar running under the service account's token -----------------
+def _mode_files(overlay: Path) -> list[Path]:
+    """The objects an overlay adds to the base (its patches excluded)."""
+    resources = yaml.safe_load((overlay / "kustomization.yaml").read_text())["resources"]
+    return [overlay / r for r in resources if not r.startswith("..")]
+
+
+def _mode_file(name: str) -> Path:
+    [path] = [p for o in OVERLAYS.iterdir() for p in _mode_files(o) if p.name == name]
+    return path
+
+
 BASE_RBAC = ("10-serviceaccount.yaml", "20-clusterrole.yaml", "21-clusterrolebinding.yaml", "30-role.yaml",
              "31-rolebinding.yaml")
 
@@ -392,13 +409,13 @@ def _deployed_settings(kubeconfig: str, port: int, extra: str, plugins: tuple[st
 @pytest.fixture
 def mode(kubectl: Kubectl, deploy_namespace: str, control_plane: ControlPlane,
          tmp_path: Path) -> Iterator[Any]:
-    """``mode(file)``: applies the single-cluster RBAC and ``deploy/modes/<file>`` for real and returns the path
-    of a kubeconfig with a token of the kube-syncer service account (TokenRequest, as the kubelet gets it for
-    the pod). Everything applied is deleted afterwards."""
+    """``mode(file)``: applies the single-cluster RBAC and the mode file ``<file>`` of ``deploy/overlays/`` for real
+    and returns the path of a kubeconfig with a token of the kube-syncer service account (TokenRequest, as the
+    kubelet gets it for the pod). Everything applied is deleted afterwards."""
     applied: list[str] = []
 
     def apply(name: str) -> str:
-        files = [str(MANIFESTS / f) for f in BASE_RBAC] + [str(MODES / name)]
+        files = [str(MANIFESTS / f) for f in BASE_RBAC] + [str(_mode_file(name))]
         args = [a for f in files for a in ("-f", f)]
         kubectl.ok("apply", *args)
         applied.extend(args)
@@ -433,9 +450,10 @@ def _stop_gracefully(car: Sidecar) -> None:
     assert car.proc.wait(timeout=30) == 0, car.log[-3000:]
 
 
-def test_mode_files_pass_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
-    """Each mode's file on top of the single-cluster manifests; cert-manager's Certificate against stand-in CRDs
-    (the test control plane has no cert-manager), so only its kind, group and metadata are checked there."""
+def test_overlays_pass_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
+    """Each overlay (``kubectl apply -k``: the base plus the mode's files and patches); cert-manager's Certificate
+    against stand-in CRDs (the test control plane has no cert-manager), so only its kind, group and metadata are
+    checked there."""
     stand_ins = [{
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": f"{plural}.cert-manager.io"},
@@ -449,18 +467,52 @@ def test_mode_files_pass_server_side_dry_run(kubectl: Kubectl, deploy_namespace:
     try:
         kubectl.ok("wait", "--for=condition=Established", "crd/certificates.cert-manager.io",
                    "crd/issuers.cert-manager.io", "--timeout=30s")
-        for path in sorted(MODES.glob("*.yaml")):
-            out = kubectl.ok("apply", "--dry-run=server", "-f", str(MANIFESTS), "-f", str(path), "-o", "name")
-            assert "Warning" not in out.stderr, f"{path.name}: {out.stderr}"
+        for overlay in sorted(OVERLAYS.iterdir()):
+            out = kubectl.ok("apply", "--dry-run=server", "-k", str(overlay), "-o", "name")
+            assert "Warning" not in out.stderr, f"{overlay.name}: {out.stderr}"
             names = set(out.stdout.split())
-            for doc in yaml.safe_load_all(path.read_text()):
-                assert doc["metadata"]["labels"] == {"app.kubernetes.io/name": "kube-syncer"}, path.name
-                assert any(n.endswith(f"/{doc['metadata']['name']}") and n.startswith(doc["kind"].lower())
-                           for n in names), (path.name, doc["kind"])
+            assert "deployment.apps/kube-syncer" in names, overlay.name
+            for path in _mode_files(overlay):
+                for doc in yaml.safe_load_all(path.read_text()):
+                    assert doc["metadata"]["labels"] == {"app.kubernetes.io/name": "kube-syncer"}, path.name
+                    assert any(n.endswith(f"/{doc['metadata']['name']}") and n.startswith(doc["kind"].lower())
+                               for n in names), (path.name, doc["kind"])
     finally:
         kubectl.run("delete", "--ignore-not-found", "-f", "-", stdin=crds)
-    assert {p.name for p in MODES.glob("*.yaml")} == {
+    assert {p.name for o in OVERLAYS.iterdir() for p in _mode_files(o)} == {
         "multicluster.yaml", "sharding.yaml", "webhooks.yaml", "webhook-certificate.yaml"}
+
+
+def _rendered(kubectl: Kubectl, overlay: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(kubectl.ok("kustomize", str(overlay)).stdout) if d]
+
+
+def test_overlays_set_the_settings_their_mode_files_name(kubectl: Kubectl, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kubectl kustomize`` renders every overlay; the SYNCER_* variables its patch gives the syncer container,
+    read over the base's settings.toml, are the settings the header of the mode's file gives (and nothing else
+    differs from the base). The certificates' mount point is a local directory here (the setting must exist)."""
+    mount, certs = "/var/run/kube-syncer/webhook-certs", tmp_path / "certs"
+    certs.mkdir()
+    (tmp_path / "settings.toml").write_text(_settings_text())
+    base = load_settings(str(tmp_path / "settings.toml"))
+    assert {o.name for o in OVERLAYS.iterdir()} == {"single", "multicluster", "sharding", "webhooks"}
+    for overlay in sorted(OVERLAYS.iterdir()):
+        docs = _rendered(kubectl, overlay)
+        [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+        env = {e["name"]: e["value"] for e in _syncer_container(deployment)["env"] if e["name"].startswith("SYNCER_")}
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value.replace(mount, str(certs)))
+            from_env = load_settings(str(tmp_path / "settings.toml"))
+        header = "".join(line[4:] + "\n" for path in _mode_files(overlay)
+                         for line in path.read_text().splitlines() if line.startswith("#   "))
+        (tmp_path / "header.toml").write_text(f"{_settings_text()}\n{header}".replace(mount, str(certs)))
+        from_header = load_settings(str(tmp_path / "header.toml"))
+        assert from_env == dataclasses.replace(from_header, source=from_env.source), overlay.name
+        assert (from_env == base) == (overlay.name == "single"), overlay.name
+    sharding = _rendered(kubectl, OVERLAYS / "sharding")
+    assert [d["spec"]["replicas"] for d in sharding if d["kind"] == "Deployment"] == [3]
 
 
 def test_webhook_service_certificate_and_mount_fit_together() -> None:
@@ -469,7 +521,7 @@ def test_webhook_service_certificate_and_mount_fit_together() -> None:
     assert pod["enableServiceLinks"] is False
     assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in syncer["ports"]
     docs = {d["kind"]: d for f in ("webhooks.yaml", "webhook-certificate.yaml")
-            for d in yaml.safe_load_all((MODES / f).read_text())}
+            for d in yaml.safe_load_all((_mode_file(f)).read_text())}
     service = docs["Service"]
     assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": "webhook", "protocol": "TCP"}]
     assert service["spec"]["selector"] == _one("Deployment")["spec"]["selector"]["matchLabels"]
@@ -479,7 +531,7 @@ def test_webhook_service_certificate_and_mount_fit_together() -> None:
     assert volume["secret"]["optional"] is True  # no Secret without webhooks
     [mount] = [m for m in syncer["volumeMounts"] if m["name"] == volume["name"]]
     # The settings the header of webhooks.yaml gives use that mount and the Service's name.
-    header = (MODES / "webhooks.yaml").read_text()
+    header = _mode_file("webhooks.yaml").read_text()
     assert f'cert_dir = "{mount["mountPath"]}"' in header
     assert f'url = "https://{service["metadata"]["name"]}.{NAMESPACE}.svc:9443"' in header
 
@@ -556,3 +608,14 @@ def test_managed_webhooks_mode_under_the_service_account(mode: Any, sidecar: Any
     crds = "customresourcedefinitions.apiextensions.k8s.io"
     assert all(kubectl.allowed(verb, crds) for verb in ("get", "update", "patch"))
     assert not kubectl.allowed("delete", crds) and not kubectl.allowed("create", crds)
+
+
+# -- deploy/monitoring: the dashboard's ConfigMap for Grafana's sidecar -------------------------------------------
+def test_monitoring_kustomization_passes_server_side_dry_run(kubectl: Kubectl, deploy_namespace: str) -> None:
+    """`kubectl apply -k deploy/monitoring`: the dashboard, unchanged, in a ConfigMap Grafana's sidecar loads. (The
+    alerts and the dashboard's queries are checked in test_monitoring.py.)"""
+    [configmap] = _rendered(kubectl, DEPLOY / "monitoring")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["data"] == {"kube-syncer.json": (DEPLOY / "monitoring" / "dashboard.json").read_text()}
+    out = kubectl.ok("apply", "--dry-run=server", "-k", str(DEPLOY / "monitoring"), "-o", "name")
+    assert out.stdout.split() == ["configmap/kube-syncer-dashboard"] and "Warning" not in out.stderr

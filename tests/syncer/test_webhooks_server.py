@@ -14,7 +14,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 import aiohttp
 import orjson
 import pytest
+from cryptography import x509
 from loguru import logger
+from prometheus_client import REGISTRY
 
 from syncer.webhook import AdmissionRequest, AdmissionRule, Allow, Deny, MutatingWebhook, ValidatingWebhook, Verdict
 from syncer.webhook.certificates import CertificateError, ServingCertificates
@@ -356,3 +358,14 @@ async def test_a_certificate_of_a_new_ca_waits_until_promoted(tmp_path: Path) ->
         assert certs.reloads == 1
     finally:
         certs.close()
+
+
+async def test_the_served_certificates_expiry_is_exported(tmp_path: Path) -> None:
+    """syncer_webhook_certificate_expiry_timestamp_seconds: the earlier of the leaf's and its CA's expiry (what
+    deploy/monitoring/alerts.yaml alerts on)."""
+    ca = CA.new()
+    leaf = x509.load_pem_x509_certificate(ca.write_secret(tmp_path))
+    certs = ServingCertificates(str(tmp_path), ["127.0.0.1"])
+    await certs.load()
+    expected = min(leaf.not_valid_after_utc, ca.cert.not_valid_after_utc).timestamp()
+    assert REGISTRY.get_sample_value("syncer_webhook_certificate_expiry_timestamp_seconds") == expected
