@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -26,7 +27,9 @@ from informers import GVR, ApiClient, ApiError
 from informers.kubeconfig import ClientConfig
 from informers.untrusted_kubeconfig import KubeconfigRefused
 
+from syncer.settings import load_settings
 from syncer.testing import ControlPlane, eventually
+from syncer.wiring import cluster_providers
 
 from tests.helpers import CONFIGMAPS, HandlerLog, fresh_namespace
 
@@ -285,3 +288,15 @@ async def test_a_profile_joins_the_registry_through_its_access_provider_and_leav
         assert registry.list_clusters() == []
     finally:
         await registry.stop()
+
+
+def test_the_settings_build_the_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in [k for k in os.environ if k.startswith("SYNCER_")]:
+        monkeypatch.delenv(variable)
+    (tmp_path / "access.json").write_text(json.dumps({"providers": [{"name": "token", "execConfig": TOKEN.exec}]}))
+    (tmp_path / "s.toml").write_text(f'[clusters]\nenabled = true\nproviders = ["cluster-profile"]\n'
+                                     f'[clusters.cluster_profile]\nprovider_file = "{tmp_path / "access.json"}"\n'
+                                     'namespaces = ["fleet"]\nlabel_selector = "env=prod"\n')
+    [provider] = cluster_providers(load_settings(str(tmp_path / "s.toml")), ApiClient(ClientConfig("https://h:1")))
+    assert isinstance(provider, ClusterProfileProvider) and provider.name == "cluster-profile"
+    assert provider.options == ClusterProfileOptions((TOKEN,), namespaces=("fleet",), label_selector="env=prod")
