@@ -172,6 +172,32 @@ async def test_a_healthy_profile_is_a_member_until_deleted(api: ApiClient, crd: 
         await provider.stop()
 
 
+async def test_only_a_changed_way_in_changes_the_config(api: ApiClient, crd: None, ns: str) -> None:
+    """A new server rotates the member (a new digest); new properties or version restart nothing."""
+    provider, _ = await started(api, ClusterProfileOptions([TOKEN], namespaces=[ns]))
+    try:
+        profile = await create_profile(api, ns, "east", offering("token"))
+        await eventually(lambda: provider.get(f"{ns}/east") is not None, 10, "the member")
+        first = provider.get(f"{ns}/east")
+        assert first is not None
+        status = offering("token")
+        status["version"] = {"kubernetes": "v1.34.0"}
+        status["properties"][0]["value"] = "us"
+        profile = await set_status(api, profile, status)
+
+        def cached_version() -> str:
+            cached = provider._profile(ns, "east") or {}
+            return str(((cached.get("status") or {}).get("version") or {}).get("kubernetes"))
+
+        await eventually(lambda: cached_version() == "v1.34.0", 10, "the new version in the cache")
+        assert getattr(provider.get(f"{ns}/east"), "digest", None) == first.digest
+        await set_status(api, profile, offering("token", server="https://east-2.example:6443"))
+        await eventually(lambda: getattr(provider.get(f"{ns}/east"), "digest", first.digest) != first.digest, 10,
+                         "the new server to change the digest")
+    finally:
+        await provider.stop()
+
+
 async def test_the_first_allowed_provider_the_profile_offers_is_used(api: ApiClient, crd: None, ns: str) -> None:
     provider, _ = await started(api, ClusterProfileOptions([OIDC, TOKEN], namespaces=[ns]))
     try:
