@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 from loguru import logger
 
@@ -38,9 +38,15 @@ from informers.wait import wait_first
 
 from .cluster import Cluster, ClusterContext, ClusterHandler, Condition, ConditionType, display_name, finish
 from .fence import Fence
-from .provider import ClusterConfig, KubeconfigFile, LocalConnection, UntrustedKubeconfig
+from .provider import ClusterConfig, KubeconfigFile, LocalConnection, NamespaceConnection, UntrustedKubeconfig
 
-FactoryMaker = Callable[[ApiClient, str], DiscoveringDynamicSharedInformerFactory]
+
+class FactoryMaker(Protocol):
+    """Builds the discovering factory of member ``name`` over ``client``; ``namespace`` (passed only for a
+    namespace of the management cluster): its informers watch that namespace's namespaced resources only."""
+
+    def __call__(self, client: ApiClient, name: str, *,
+                 namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory: ...
 
 
 class MemberState(enum.StrEnum):
@@ -195,8 +201,14 @@ class Member:
         self.conditions[ConditionType.CONNECTED].set(True, "Connected",
                                                      f"Kubernetes {version.get('gitVersion', '?')}")
         self.to(MemberState.DISCOVERING)
-        factory = self.factory = (env.local_factory if self.config.local and env.local_factory is not None
-                                  else env.make_factory(client, self.name))
+        c = self.config.connection
+        if self.config.local and env.local_factory is not None:
+            factory = env.local_factory
+        elif isinstance(c, NamespaceConnection):
+            factory = env.make_factory(client, self.name, namespace=c.namespace)
+        else:
+            factory = env.make_factory(client, self.name)
+        self.factory = factory
         factory.require(env.component, env.required)
         async with asyncio.timeout(o.sync_timeout):
             await factory.start()
@@ -327,10 +339,10 @@ class Member:
 
 
 def connect(config: ClusterConfig, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
-    """A client for ``config``: the management client for the local cluster, a file's context loaded as kubectl
-    would (trusted), or an untrusted kubeconfig under its rules."""
+    """A client for ``config``: the management client for the local cluster and its namespaces, a file's context
+    loaded as kubectl would (trusted), or an untrusted kubeconfig under its rules."""
     c = config.connection
-    if isinstance(c, LocalConnection):
+    if isinstance(c, (LocalConnection, NamespaceConnection)):
         return management
     if isinstance(c, KubeconfigFile):
         client = ApiClient.from_kubeconfig(c.path, c.context)
@@ -338,7 +350,8 @@ def connect(config: ClusterConfig, management: ApiClient, allowed_exec_commands:
         raise KubeconfigInvalid(config.source, c.where, "is missing")
     else:
         assert isinstance(c, UntrustedKubeconfig)
-        client = client_from_untrusted_kubeconfig(c.data, allowed_exec_commands=allowed_exec_commands,
+        client = client_from_untrusted_kubeconfig(c.data, allowed_exec_commands=(*allowed_exec_commands,
+                                                                                 *c.exec_commands),
                                                   source=config.source)
     client.http2 = management.http2  # the process's choice (setting ``http2``) holds for members
     return client

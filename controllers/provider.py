@@ -9,9 +9,10 @@ follows from that view (precedence between providers, which replica runs a clust
 kubeconfig, teardown) is decided once, downstream (``provider_set.py``, ``coordinator.py``, ``cluster_registry.py``),
 so a restart or a second replica computes the same members from the providers' state alone.
 
-What a provider hands over is data, one of three kinds of connection: an untrusted kubeconfig (from cluster
+What a provider hands over is data, one of four kinds of connection: an untrusted kubeconfig (from cluster
 state: exec plugins only from the allow-list, no file paths, see ``informers.untrusted_kubeconfig``), a trusted
-kubeconfig file (the operator's own: loaded as ``kubectl`` would), or the local cluster (the management client).
+kubeconfig file (the operator's own: loaded as ``kubectl`` would), the local cluster (the management client), or
+one namespace of the local cluster.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from informers.untrusted_kubeconfig import kubeconfig_hash
 @dataclass(frozen=True)
 class UntrustedKubeconfig:
     """A kubeconfig read from cluster state (a Secret): ``data`` None when the field ``where`` is missing (the
-    member is refused with that message until its source changes)."""
+    member is refused with that message until its source changes). ``exec_commands``: exec plugins it may run
+    besides ``clusters.allowed_exec_commands``, when the provider wrote its user section from the operator's own
+    configuration (a ClusterProfile's access provider) rather than took it from cluster state."""
 
     data: bytes | None
     where: str = "data key 'kubeconfig'"
+    exec_commands: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,15 @@ class LocalConnection:
     """The management cluster itself: the sidecar's own client and informers."""
 
 
-Connection = UntrustedKubeconfig | KubeconfigFile | LocalConnection
+@dataclass(frozen=True)
+class NamespaceConnection:
+    """One namespace of the management cluster as a cluster: the management client (and so its connection),
+    with informers of that namespace's namespaced resources only."""
+
+    namespace: str
+
+
+Connection = UntrustedKubeconfig | KubeconfigFile | LocalConnection | NamespaceConnection
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,8 @@ class ClusterConfig:
             return kubeconfig_hash(c.data) if c.data is not None else ""
         if isinstance(c, KubeconfigFile):
             return f"{c.path}\0{c.context}\0{c.digest}"
+        if isinstance(c, NamespaceConnection):
+            return f"namespace\0{c.namespace}"
         return "local"
 
     @property

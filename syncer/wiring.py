@@ -125,9 +125,26 @@ def _kubeconfig_files(c: Clusters, management: ApiClient) -> ClusterProvider:
                                                           reload_interval=o.reload_interval))
 
 
+def _cluster_profile(c: Clusters, management: ApiClient) -> ClusterProvider:
+    from controllers.providers.cluster_profile import (
+        ClusterProfileOptions, ClusterProfileProvider, load_access_providers,
+    )
+
+    o = c.cluster_profile
+    return ClusterProfileProvider(management, ClusterProfileOptions(
+        load_access_providers(o.provider_file), namespaces=o.namespaces, label_selector=o.label_selector or None))
+
+
+def _host_namespaces(c: Clusters, management: ApiClient) -> ClusterProvider:
+    from controllers.providers.namespaces import HostNamespacesProvider
+
+    return HostNamespacesProvider(management, c.host_namespaces.label_selector or None)
+
+
 # Each provider's name in ``clusters.providers`` (settings.CLUSTER_PROVIDERS) and how it is built from [clusters].
 _PROVIDERS: dict[str, Callable[[Clusters, ApiClient], ClusterProvider]] = {
-    "secrets": _secrets, "cluster-api": _cluster_api, "kubeconfig-files": _kubeconfig_files}
+    "secrets": _secrets, "cluster-api": _cluster_api, "kubeconfig-files": _kubeconfig_files,
+    "cluster-profile": _cluster_profile, "host-namespaces": _host_namespaces}
 
 
 def member_options(settings: Settings) -> MemberOptions:
@@ -139,10 +156,13 @@ def member_options(settings: Settings) -> MemberOptions:
                          probe_interval=c.probe_interval)
 
 
-def member_factory(settings: Settings, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
-    """The discovering factory of member cluster ``name`` (multi-cluster mode)."""
+def member_factory(settings: Settings, client: ApiClient, name: str, *,
+                   namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory:
+    """The discovering factory of member cluster ``name`` (multi-cluster mode); ``namespace``: of a namespace
+    member, instead of the top-level ``namespace``."""
     return discovering_factory(settings, client, watch=settings.clusters.watch,
-                               name=f"discovery {display_name(name)}", metrics_cluster=name)
+                               name=f"discovery {display_name(name)}", metrics_cluster=name,
+                               namespace=namespace or settings.namespace or None)
 
 
 def discovering_factory(settings: Settings, client: ApiClient,
@@ -150,8 +170,8 @@ def discovering_factory(settings: Settings, client: ApiClient,
     """A discovering factory over ``client`` with the settings' filter, namespace, passes and field selectors (the
     local cluster's and every member's alike)."""
     s = settings
+    kwargs.setdefault("namespace", s.namespace or None)
     return DiscoveringDynamicSharedInformerFactory(
-        client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
-        namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
+        client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only), rediscovery_interval=s.rediscovery_interval,
         full_rediscovery_interval=s.full_rediscovery_interval, check_permissions=s.check_permissions,
         field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, **kwargs)

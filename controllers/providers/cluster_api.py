@@ -34,19 +34,18 @@ not be the one the server ends up serving.
 from __future__ import annotations
 
 import asyncio
-import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from loguru import logger
 
-from informers import GVR, ApiClient, ApiError, Backoff, FuncHandler, SharedIndexInformer, drop_managed_fields
+from informers import GVR, ApiClient, FuncHandler, SharedIndexInformer, drop_managed_fields
 from informers.errors import describe_error
 from informers.store import DeletedFinalStateUnknown, Obj, object_key
 
 from ..provider import ClusterConfig, Conflict, UntrustedKubeconfig
 from .claims import ConflictLog, oldest_first, secret_data
-from .watching import WatchingProvider
+from .watching import ProviderState, WatchingProvider, or_all
 
 GROUP = "cluster.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")  # the versions read, the preferred first
@@ -67,14 +66,6 @@ class ClusterAPIOptions:
     ready_only: bool = False
     label_selector: str | None = None
     discovery_interval: float = 30.0
-
-
-class ProviderState(enum.StrEnum):
-    """Where the provider is: asking which version is served, waiting for the Cluster API, or watching."""
-
-    DISCOVERING = "discovering"
-    NOT_INSTALLED = "not-installed"
-    WATCHING = "watching"
 
 
 def control_plane_initialized(cluster: Obj) -> bool:
@@ -109,9 +100,7 @@ class ClusterAPIProvider(WatchingProvider):
         self.management = management
         self.options = options
         super().__init__(name)
-        self.state = ProviderState.DISCOVERING
         self.gvr: GVR | None = None  # the Clusters' GVR, once found
-        self.last_error: Exception | None = None
         self._clusters: list[SharedIndexInformer] = []
         self._secrets: list[SharedIndexInformer] = []
         self._log = logger.bind(component=name)
@@ -193,27 +182,7 @@ class ClusterAPIProvider(WatchingProvider):
         self._clusters, self._secrets = [], []
 
     async def _watch_source(self) -> None:
-        backoff = Backoff(initial=1.0, cap=60.0)
-        while True:
-            try:
-                version = await self._served_version()
-            except Exception as e:  # unreachable, forbidden: asked again, never given up
-                self.last_error = e
-                delay = backoff.next()
-                self._log.warning("asking which version of {} clusters is served failed ({}); asking again in "
-                                  "{:.1f}s", GROUP, describe_error(e), delay)
-                await asyncio.sleep(delay)
-                continue
-            self.last_error = None
-            backoff.reset()
-            if version is not None:
-                break
-            if self.state is not ProviderState.NOT_INSTALLED:
-                self._log.info("the Cluster API is not installed ({} serves no clusters); looking again every "
-                               "{:g}s", GROUP, self.options.discovery_interval)
-                self.state = ProviderState.NOT_INSTALLED
-            self._synced.set()
-            await asyncio.sleep(self.options.discovery_interval)
+        version = await self._served(self.management, GROUP, VERSIONS, "clusters", self.options.discovery_interval)
         self.gvr = GVR(GROUP, version, "clusters")
         self._log.info("watching {} and their kubeconfig Secrets", self.gvr)
         self._watch(self.gvr)
@@ -221,22 +190,9 @@ class ClusterAPIProvider(WatchingProvider):
         await asyncio.gather(*(inf.wait_for_sync() for inf in (*self._clusters, *self._secrets)))
         self._synced.set()
 
-    async def _served_version(self) -> str | None:
-        """The first of VERSIONS whose discovery lists ``clusters``; None if none does."""
-        for version in VERSIONS:
-            try:
-                doc = await self.management.request("GET", f"/apis/{GROUP}/{version}")
-            except ApiError as e:
-                if e.status == 404:
-                    continue
-                raise
-            if any(r.get("name") == "clusters" for r in doc.get("resources") or ()):
-                return version
-        return None
-
     def _watch(self, gvr: GVR) -> None:
         o = self.options
-        for namespace in _or_all(o.namespaces):
+        for namespace in or_all(o.namespaces):
             clusters = SharedIndexInformer(self.management, gvr, namespace=namespace, label_selector=o.label_selector,
                                            transform=drop_managed_fields)
             clusters.add_indexers({_BY_NAME: lambda obj: [obj["metadata"]["name"]]})
@@ -263,7 +219,3 @@ class ClusterAPIProvider(WatchingProvider):
 
 def _cluster_of_secret(name: str) -> str | None:
     return name.removesuffix(SECRET_SUFFIX) if name.endswith(SECRET_SUFFIX) else None
-
-
-def _or_all(namespaces: Iterable[str]) -> list[str | None]:
-    return list(namespaces) or [None]

@@ -31,6 +31,7 @@ from informers.store import DeletedFinalStateUnknown, Obj
 from ..cluster import display_name
 from ..provider import Changed, ClusterConfig, Conflict, UntrustedKubeconfig
 from .claims import ConflictLog, oldest_first, secret_data
+from .watching import or_all
 
 SECRETS = GVR("", "v1", "secrets")
 DEFAULT_LABEL_SELECTORS = ("kube-syncer.io/kubeconfig=true", "sigs.k8s.io/multicluster-runtime-kubeconfig=true")
@@ -65,7 +66,7 @@ class SecretProvider:
         self._changed: Changed = lambda _: None
         self._claims: dict[str, str] = {}  # secret key -> the cluster name it gives (valid or not)
         self._conflicts = ConflictLog(component)
-        self._informers = [self._informer(ns, sel, typ) for ns in _or_all(options.namespaces)
+        self._informers = [self._informer(ns, sel, typ) for ns in or_all(options.namespaces)
                            for sel, typ in [*((s, None) for s in options.label_selectors),
                                             *((None, t) for t in options.secret_types)]]
 
@@ -169,10 +170,6 @@ class SecretProvider:
             return []
         return [(object_key(obj), obj) for obj in oldest_first(
             obj for inf in self._informers for obj in inf.lister.by_index(_BY_CLUSTER, name))]
-
-
-def _or_all(namespaces: Sequence[str]) -> list[str | None]:
-    return list(namespaces) or [None]
 
 
 def _describe(inf: SharedIndexInformer) -> str:

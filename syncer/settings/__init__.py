@@ -10,10 +10,10 @@ from .loader import (
     ENV_PREFIX, SETTINGS_ENV, SettingsError, env_var, load_settings, origin_of, settings_reference,
 )
 from .tables import (
-    CLUSTER_PROVIDERS, LOG_LEVELS, MAX_WORKERS, ClusterAPI, Clusters, KubeconfigFiles, LeaderElection, Settings,
-    Sharding, UnitKind, Webhooks,
+    CLUSTER_PROVIDERS, LOG_LEVELS, MAX_WORKERS, ClusterAPI, ClusterProfile, Clusters, HostNamespaces, KubeconfigFiles,
+    LeaderElection, Settings, Sharding, UnitKind, Webhooks,
 )
 
-__all__ = ["CLUSTER_PROVIDERS", "ENV_PREFIX", "LOG_LEVELS", "MAX_WORKERS", "SETTINGS_ENV", "ClusterAPI", "Clusters",
-           "KubeconfigFiles", "LeaderElection", "Settings", "SettingsError", "Sharding", "UnitKind", "Webhooks",
-           "env_var", "load_settings", "origin_of", "parse_duration", "settings_reference"]
+__all__ = ["CLUSTER_PROVIDERS", "ENV_PREFIX", "LOG_LEVELS", "MAX_WORKERS", "SETTINGS_ENV", "ClusterAPI",
+           "ClusterProfile", "Clusters", "HostNamespaces", "KubeconfigFiles", "LeaderElection", "Settings",
+           "SettingsError", "Sharding", "UnitKind", "Webhooks", "env_var", "load_settings", "origin_of", "parse_duration", "settings_reference"]

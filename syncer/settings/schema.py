@@ -122,7 +122,7 @@ def _providers(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _label_selector(value: Any, done: Mapping[str, Any]) -> str:
-    expect = "a label selector, like 'env=prod,tier!=test', or an empty string for every Cluster"
+    expect = "a label selector, like 'env=prod,tier!=test', or an empty string for every object"
     if not isinstance(value, str):
         raise Invalid(expect)
     try:
@@ -145,6 +145,27 @@ def _kubeconfig_paths(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
         if not Path(path).is_file():
             raise Invalid(expect, f"{given!r} {'is not a file' if Path(path).exists() else 'does not exist'}")
     return expanded
+
+
+def _provider_file(value: Any, done: Mapping[str, Any]) -> str:
+    from controllers.providers.cluster_profile import load_access_providers
+
+    expect = ("the path of a JSON access-provider file ({\"providers\": [{\"name\": ..., \"execConfig\": {...}}]}), "
+              "required while \"cluster-profile\" is in clusters.providers")
+    if not isinstance(value, str):
+        raise Invalid(expect)
+    if not value:
+        if "cluster-profile" in done["clusters.providers"]:
+            raise Invalid(expect, "clusters.providers lists \"cluster-profile\": name the file")
+        return ""
+    path = str(Path(value).expanduser())
+    if not Path(path).is_file():
+        raise Invalid(expect, f"{value!r} {'is not a file' if Path(path).exists() else 'does not exist'}")
+    try:
+        load_access_providers(path)
+    except ValueError as e:
+        raise Invalid(expect, str(e)) from None
+    return path
 
 
 # Every setting, in checking order (a limit relative to another setting comes after that setting).
@@ -206,6 +227,10 @@ CHECKS: dict[str, Check] = {
     "clusters.kubeconfig_files.paths": _kubeconfig_paths,
     "clusters.kubeconfig_files.contexts": strings("context names, or [] for every context"),
     "clusters.kubeconfig_files.reload_interval": duration(),
+    "clusters.cluster_profile.provider_file": _provider_file,
+    "clusters.cluster_profile.namespaces": dns_labels,
+    "clusters.cluster_profile.label_selector": _label_selector,
+    "clusters.host_namespaces.label_selector": _label_selector,
     "sharding.enabled": boolean,
     "sharding.units": _unit_kind,
     "sharding.group": dns_name("label"),
@@ -220,4 +245,4 @@ CHECKS: dict[str, Check] = {
 }
 # The settings that are tables of settings (checked key by key above), a table's own tables after it.
 TABLES = ("leader_election", "webhooks", "clusters", "clusters.cluster_api", "clusters.kubeconfig_files",
-          "sharding")
+          "clusters.cluster_profile", "clusters.host_namespaces", "sharding")

@@ -65,7 +65,7 @@ class Webhooks:
     probe_namespace: str = "default"
 
 
-CLUSTER_PROVIDERS = ("secrets", "cluster-api", "kubeconfig-files")
+CLUSTER_PROVIDERS = ("secrets", "cluster-api", "kubeconfig-files", "cluster-profile", "host-namespaces")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,41 @@ class KubeconfigFiles:
 
 
 @dataclass(frozen=True)
+class ClusterProfile:
+    """Members from the Cluster Inventory API, table ``[clusters.cluster_profile]`` (used when
+    ``"cluster-profile"`` is in ``clusters.providers``): each ``ClusterProfile`` (``multicluster.x-k8s.io``) on the
+    management cluster whose ``ControlPlaneHealthy`` condition is true is a member named ``<namespace>/<name>``,
+    reached through an access provider of ``provider_file``.
+
+    - ``provider_file``: the access-provider file (``~`` expanded; required when the provider is listed), in the
+      format of the Cluster Inventory API's consumers (``-clusterprofile-provider-file``): ``{"providers":
+      [{"name": ..., "execConfig": {<client-go exec config>}}]}``. It is the allow-list: a profile is reached
+      through the first provider of the file it offers in ``status.accessProviders``, by running that
+      provider's command; nothing a profile says chooses what runs (profile-sourced arguments and environment
+      are not supported).
+    - ``namespaces``: where the ClusterProfiles are (DNS-1123 labels; ``[]``: all namespaces).
+    - ``label_selector``: only ClusterProfiles matching this label selector (``""``: every one).
+    """
+
+    provider_file: str = ""
+    namespaces: tuple[str, ...] = ()
+    label_selector: str = ""
+
+
+@dataclass(frozen=True)
+class HostNamespaces:
+    """Members from the management cluster's own namespaces, table ``[clusters.host_namespaces]`` (used when
+    ``"host-namespaces"`` is in ``clusters.providers``): each Namespace is a member named after it, until it is
+    deleted; its informers watch that namespace's namespaced resources only, over the management cluster's
+    connection.
+
+    - ``label_selector``: only Namespaces matching this label selector (``""``: every Namespace).
+    """
+
+    label_selector: str = ""
+
+
+@dataclass(frozen=True)
 class Clusters:
     """Multi-cluster mode, table ``[clusters]``: member clusters come from the cluster providers (by default the
     kubeconfig Secrets on the cluster the sidecar connects to, the management cluster), and the plugins'
@@ -112,7 +147,8 @@ class Clusters:
     - ``providers``: where members come from, in precedence order (a cluster name two providers claim goes to
       the first listed; the other's claim is a conflict): ``"secrets"`` (kubeconfig Secrets, chosen by the
       three settings below), ``"cluster-api"`` (see ``ClusterAPI``), ``"kubeconfig-files"`` (see
-      ``KubeconfigFiles``). The local cluster (``include_local``) is a provider of its own, allowed with any
+      ``KubeconfigFiles``), ``"cluster-profile"`` (see ``ClusterProfile``), ``"host-namespaces"`` (see
+      ``HostNamespaces``). The local cluster (``include_local``) is a provider of its own, allowed with any
       list; ``[]`` only with it. A provider's table is checked even when it is not listed, and then unused.
     - ``namespaces``: where the Secrets are (DNS-1123 labels; ``[]``: all namespaces).
     - ``label_selectors``: each selects Secrets by label; ``secret_types``: each selects Secrets by type.
@@ -130,7 +166,8 @@ class Clusters:
     - ``watch``: which served GVRs get informers in member clusters, the management cluster included (it runs
       nothing of its own in this mode): ``"required"`` (those some controller requires) or ``"all"``; the
       top-level ``watch`` applies only without ``[clusters]``.
-    - ``cluster_api``: see ``ClusterAPI``; ``kubeconfig_files``: see ``KubeconfigFiles``.
+    - ``cluster_api``: see ``ClusterAPI``; ``kubeconfig_files``: see ``KubeconfigFiles``; ``cluster_profile``:
+      see ``ClusterProfile``; ``host_namespaces``: see ``HostNamespaces``.
     """
 
     enabled: bool = False
@@ -145,6 +182,8 @@ class Clusters:
     watch: WatchMode = "required"
     cluster_api: ClusterAPI = field(default_factory=ClusterAPI)
     kubeconfig_files: KubeconfigFiles = field(default_factory=KubeconfigFiles)
+    cluster_profile: ClusterProfile = field(default_factory=ClusterProfile)
+    host_namespaces: HostNamespaces = field(default_factory=HostNamespaces)
 
 
 class UnitKind(StrEnum):

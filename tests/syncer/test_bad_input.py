@@ -24,7 +24,8 @@ from typing import Iterator
 import pytest
 
 from syncer.settings import (
-    ClusterAPI, Clusters, KubeconfigFiles, LeaderElection, Settings, SettingsError, Sharding, Webhooks, load_settings,
+    ClusterAPI, ClusterProfile, Clusters, HostNamespaces, KubeconfigFiles, LeaderElection, Settings, SettingsError,
+    Sharding, Webhooks, load_settings,
 )
 from syncer.testing import ControlPlane
 from tests.helpers import free_port
@@ -260,8 +261,8 @@ CASES: dict[str, Case] = {
     "clusters-provider-unknown": Case(
         '[clusters]\nproviders = ["secrets", "capi"]',
         "setting 'clusters.providers' must be a list of cluster providers, each at most once, in precedence order: "
-        "secrets, cluster-api, kubeconfig-files (any case); [] only with include_local = true, got ['secrets', "
-        "'capi'] ('capi' is not a cluster provider); set it in the settings file or in SYNCER_CLUSTERS__PROVIDERS"),
+        "secrets, cluster-api, kubeconfig-files, cluster-profile, host-namespaces (any case); [] only with "
+        "include_local = true, got ['secrets', 'capi'] ('capi' is not a cluster provider); set it in the settings file or in SYNCER_CLUSTERS__PROVIDERS"),
     "clusters-kubeconfig-file-missing": Case(
         '[clusters]\nproviders = ["kubeconfig-files"]\n[clusters.kubeconfig_files]\npaths = ["/nowhere/fleet.yaml"]',
         "setting 'clusters.kubeconfig_files.paths' must be a list of paths of existing kubeconfig files ('~' "
@@ -275,8 +276,9 @@ CASES: dict[str, Case] = {
     "clusters-unknown": Case(
         "[clusters]\nenable = true",
         "unknown setting 'clusters.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); known settings "
-        "in [clusters] are allowed_exec_commands, cluster_api, enabled, include_local, kubeconfig_files, "
-        "label_selectors, namespaces, probe_interval, providers, secret_types, sync_timeout, watch"),
+        "in [clusters] are allowed_exec_commands, cluster_api, cluster_profile, enabled, host_namespaces, "
+        "include_local, kubeconfig_files, label_selectors, namespaces, probe_interval, providers, secret_types, "
+        "sync_timeout, watch"),
     # the file itself, unknown names, environment variables, options
     "broken-toml": Case(
         "workers = [\n", "settings file '@SETTINGS@' is not valid TOML: Invalid value (at end of document)"),
@@ -384,7 +386,9 @@ def test_every_setting_is_type_checked_and_documented(tmp_path: Path, monkeypatc
     for name in [k for k in os.environ if k.startswith("SYNCER_")]:
         monkeypatch.delenv(name)
     tables = {"leader_election": LeaderElection, "webhooks": Webhooks, "clusters": Clusters,
-              "clusters.cluster_api": ClusterAPI, "clusters.kubeconfig_files": KubeconfigFiles, "sharding": Sharding}
+              "clusters.cluster_api": ClusterAPI, "clusters.kubeconfig_files": KubeconfigFiles,
+              "clusters.cluster_profile": ClusterProfile, "clusters.host_namespaces": HostNamespaces,
+              "sharding": Sharding}
     names = [f.name for f in fields(Settings) if f.name not in ("source", *tables)]
     names += [f"{t}.{f.name}" for t, cls in tables.items() for f in fields(cls) if f"{t}.{f.name}" not in tables]
     for name in names:
@@ -396,7 +400,9 @@ def test_every_setting_is_type_checked_and_documented(tmp_path: Path, monkeypatc
 
 
 _PROVIDERS = ("a list of cluster providers, each at most once, in precedence order: secrets, cluster-api, "
-              "kubeconfig-files (any case); [] only with include_local = true")
+              "kubeconfig-files, cluster-profile, host-namespaces (any case); [] only with include_local = true")
+_PROVIDER_FILE = ("the path of a JSON access-provider file ({\"providers\": [{\"name\": ..., \"execConfig\": {...}}]}), "
+                  "required while \"cluster-profile\" is in clusters.providers")
 _PATHS = ("a list of paths of existing kubeconfig files ('~' expanded), not empty while \"kubeconfig-files\" is in "
           "clusters.providers")
 PROVIDER_CASES = {
@@ -425,7 +431,7 @@ PROVIDER_CASES = {
                               "labels), or [] for all namespaces, got ['Bad_NS'] ('Bad_NS' is not a DNS-1123 label)"),
     "cluster-api-selector": ('[clusters.cluster_api]\nlabel_selector = "env in (prod"',
                              "setting 'clusters.cluster_api.label_selector' must be a label selector, like "
-                             "'env=prod,tier!=test', or an empty string for every Cluster, got 'env in (prod' (invalid "
+                             "'env=prod,tier!=test', or an empty string for every object, got 'env in (prod' (invalid "
                              "label selector 'env in (prod': expected ',' or ')' in a value set, got 'end of input')"),
     "cluster-api-ready-only": ('[clusters.cluster_api]\nready_only = "yes"',
                                "setting 'clusters.cluster_api.ready_only' must be true or false, got 'yes'"),
@@ -436,6 +442,24 @@ PROVIDER_CASES = {
     "cluster-api-not-a-table": ('[clusters]\ncluster_api = 3',
                                 "setting 'clusters.cluster_api' must be a table [clusters.cluster_api] of settings, "
                                 "got 3"),
+    "profile-without-file": ('[clusters]\nproviders = ["cluster-profile"]',
+                             f"setting 'clusters.cluster_profile.provider_file' must be {_PROVIDER_FILE}, got its "
+                             "default '' (clusters.providers lists \"cluster-profile\": name the file)"),
+    "profile-file-missing": ('[clusters.cluster_profile]\nprovider_file = "/nowhere/providers.json"',
+                             f"setting 'clusters.cluster_profile.provider_file' must be {_PROVIDER_FILE}, got "
+                             "'/nowhere/providers.json' ('/nowhere/providers.json' does not exist)"),
+    "profile-file-no-command": ('[clusters.cluster_profile]\nprovider_file = "@DIR@/providers.json"',
+                                f"setting 'clusters.cluster_profile.provider_file' must be {_PROVIDER_FILE}, got "
+                                "'@DIR@/providers.json' (@DIR@/providers.json: providers[0].execConfig: has no "
+                                "command)"),
+    "profile-namespace": ('[clusters.cluster_profile]\nnamespaces = ["Bad_NS"]',
+                          "setting 'clusters.cluster_profile.namespaces' must be a list of namespace names (DNS-1123 "
+                          "labels), or [] for all namespaces, got ['Bad_NS'] ('Bad_NS' is not a DNS-1123 label)"),
+    "host-namespaces-selector": ('[clusters.host_namespaces]\nlabel_selector = "tenant in ("',
+                                 "setting 'clusters.host_namespaces.label_selector' must be a label selector, like "
+                                 "'env=prod,tier!=test', or an empty string for every object, got 'tenant in (' "
+                                 "(invalid label selector 'tenant in (': expected ',' or ')' in a value set, got 'end of "
+                                 "input')"),
 }
 
 
@@ -447,6 +471,7 @@ def test_cluster_provider_settings_are_checked(name: str, tmp_path: Path, monkey
     text, expected = (t.replace("@DIR@", str(tmp_path)).replace("@SETTINGS@", str(tmp_path / "s.toml"))
                       for t in PROVIDER_CASES[name])
     (tmp_path / "s.toml").write_text(text + "\n")
+    (tmp_path / "providers.json").write_text('{"providers": [{"name": "a", "execConfig": {}}]}')
     with pytest.raises(SettingsError) as raised:
         load_settings(str(tmp_path / "s.toml"))
     assert str(raised.value).partition("; set it in")[0] == expected

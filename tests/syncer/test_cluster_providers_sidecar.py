@@ -1,12 +1,13 @@
 """Cluster providers in the sidecar, from the settings: kubeconfig files and Secrets at once, a cluster name both
 give (the provider listed first holds it; the other claim is a reported conflict), and the name falling back to
-the other provider when the first stops giving it."""
+the other provider when the first stops giving it; the management cluster's namespaces as members."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from controllers import ControllerContext, ManagedController
 from informers import ApiClient
 from syncer.plugins import Plugins
 from syncer.runtime import Syncer
-from syncer.settings import Clusters, KubeconfigFiles, Settings
+from syncer.settings import Clusters, HostNamespaces, KubeconfigFiles, Settings
 from syncer.testing import ControlPlane
 
 from tests.helpers import CONFIGMAPS, eventually, free_port
@@ -79,3 +80,36 @@ async def test_files_and_secrets_at_once_the_first_listed_holds_a_name(
     finally:
         stop.set()
         await asyncio.wait_for(run, 30)
+
+
+async def test_namespaces_of_the_management_cluster_as_members(control_plane: ControlPlane, api: ApiClient) -> None:
+    tenant = uuid.uuid4().hex[:8]
+    names = [f"tenant-{tenant}-{i}" for i in "ab"]
+    for name in names:
+        await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name, "labels": {"t": tenant}}})
+    settings = replace(Settings(), kubeconfig=str(control_plane.kubeconfig), include=("core/configmaps",),
+                       http_bind=f"127.0.0.1:{free_port()}", shutdown_timeout=10.0,
+                       clusters=Clusters(enabled=True, providers=("host-namespaces",), sync_timeout=20.0,
+                                         host_namespaces=HostNamespaces(label_selector=f"t={tenant}")))
+    syncer = Syncer(settings, ApiClient.from_kubeconfig(str(control_plane.kubeconfig)),
+                    Plugins({"idle": idle_controller()}), identity="namespaces")
+    stop = asyncio.Event()
+    run = asyncio.create_task(syncer.run(stop))
+
+    def members() -> dict[str, dict[str, Any]]:
+        return {m["name"]: m for m in syncer.status()["clusters"]["clusters"]}
+
+    try:
+        await eventually(lambda: run.done() or {n: m["ready"] for n, m in members().items()} ==
+                         {n: True for n in names}, 60, "both namespaces ready")
+        assert not run.done(), run
+        assert {n: m["source"] for n, m in members().items()} == {n: f"namespace {n}" for n in names}
+        await eventually(lambda: set(names) <= {row["name"].split(" (cluster ")[1].rstrip(")")
+                                                for row in syncer.status()["controllers"]
+                                                if row["state"] == "running"}, 30, "the controller in each")
+        await api.request("DELETE", f"/api/v1/namespaces/{names[1]}")
+        await eventually(lambda: set(members()) == {names[0]}, 30, "the deleted namespace to leave")
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+        await api.request("DELETE", f"/api/v1/namespaces/{names[0]}")

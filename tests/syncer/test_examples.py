@@ -168,6 +168,23 @@ def test_example_settings_load_and_cover_the_plugins() -> None:
         "configmaps.v1": None, "namespaces.v1": None, "widgets.v1.examples.kube-syncer.io": None}
 
 
+def test_multicluster_provider_settings_load(tmp_path: Path, monkeypatch: Any) -> None:
+    """The README's ClusterProfile and namespace provider settings load as pasted (the access-provider file at a
+    path of the test's)."""
+    for name in [k for k in os.environ if k.startswith("SYNCER_")]:
+        monkeypatch.delenv(name)
+    profile, namespaces = readme_blocks("toml")["Multi-cluster"]
+    [access] = readme_blocks("json")["Multi-cluster"]
+    (tmp_path / "access.json").write_text(access)
+    (tmp_path / "profile.toml").write_text(profile.replace("/etc/kube-syncer/access-providers.json",
+                                                           str(tmp_path / "access.json")))
+    (tmp_path / "namespaces.toml").write_text(namespaces)
+    clusters = load_settings(str(tmp_path / "profile.toml")).clusters
+    assert clusters.providers == ("cluster-profile",) and clusters.cluster_profile.namespaces == ("fleet",)
+    clusters = load_settings(str(tmp_path / "namespaces.toml")).clusters
+    assert clusters.host_namespaces.label_selector == "kube-syncer.io/tenant=true"
+
+
 # -- the plugin of "Write your own plugin", run by `syncer run` ---------------------------------------------
 
 
