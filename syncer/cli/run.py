@@ -38,7 +38,7 @@ def event_loop(settings: Settings) -> tuple[Callable[[], asyncio.AbstractEventLo
 # CPython's 700, and what start-up made (modules, settings, plugins) moved out of the collector's sight with
 # gc.freeze(). Bringing a fleet up allocates millions of containers, nearly all of them acyclic and freed by
 # reference counting; at 700 the collector ran ~2,700 times and took half a second of the 2.7 s of CPU 200 members
-# cost (bench/RESULTS-fleet-sidecar.md). Only the process owner decides this, as for the loop.
+# cost (bench/RESULTS-fleet.md). Only the process owner decides this, as for the loop.
 GC_THRESHOLD = 20_000
 
 
