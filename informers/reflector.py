@@ -32,11 +32,15 @@ Where it differs from client-go, and why:
     sent after its failure succeeds (another informer's, a discovery GET; ``ApiClient.answered_after``), after
     a random pause of up to ``_RESUME_SPREAD`` so that the informers of many clients of one server do not all
     relist at the same moment. So that someone asks even when every informer sleeps a long backoff, one of the
-    waiting reflectors of a client asks ``/readyz`` about every second (jittered): one request a second to a
-    server that is down, however many informers there are. A success of a request sent before the failure does
-    not count (a server shutting down answers the requests it had while it refuses new ones).
+    waiting reflectors of a client asks ``/readyz`` about every second (jittered). While that probe cannot
+    connect, a reflector whose backoff ends waits on instead of retrying (its request could not connect either):
+    about one request a second to a server that is down, however many informers there are. Once the probe gets
+    any answer, the reflectors' own backoffs apply again, in case ``/readyz`` stays unready while the API works.
+    A success of a request sent before the failure does not count (a server shutting down answers the requests
+    it had while it refuses new ones).
   * The first answer after connection errors ends that "unreachable" run. An error answer (typically the 410
-    that follows an apiserver restart, or a 503 while its paths are installed) restarts the backoff, and until
+    that follows an apiserver restart, as an ERROR event of a watch that answered 200: an answer, not a proof
+    that the watch works; or a 503 while its paths are installed) restarts the backoff, and until
     the next success API errors back off from ``_RESUME_INITIAL`` (0.1 s) instead of 0.8 s: the server is
     starting, and the relist it asks for should not wait. That resume backoff grows as usual and only a
     success resets it, so a server that keeps failing after it answered is not hammered.
@@ -85,6 +89,8 @@ _PROBE_INTERVAL = 1.0
 _RESUME_SPREAD = 0.5
 _RESUME_INITIAL = 0.1  # the first delay of the backoff for API errors between an outage and the next success
 _probe_locks: "weakref.WeakKeyDictionary[ApiClient, asyncio.Lock]" = weakref.WeakKeyDictionary()
+# When the probe of a client last failed with a connection error; dropped once one gets an answer.
+_probe_refused: "weakref.WeakKeyDictionary[ApiClient, float]" = weakref.WeakKeyDictionary()
 _PARTIAL_API_VERSION, _PARTIAL_KIND = "meta.k8s.io/v1", "PartialObjectMetadata"
 _METADATA_LIST_ACCEPT = f"application/json;as={_PARTIAL_KIND}List;g=meta.k8s.io;v=v1,application/json"
 _METADATA_WATCH_ACCEPT = f"application/json;as={_PARTIAL_KIND};g=meta.k8s.io;v=v1,application/json"
@@ -269,12 +275,17 @@ class Reflector:
             await asyncio.sleep(delay)
             return
         errors = self.client.connection_errors  # this failure's included: only an answer sent after it counts
-        if await wait_first(asyncio.sleep(delay), self.client.answered_after(errors), self._probe()) == 1:
-            self._shortcut_taken = True
-            self._backoff.reset()
-            pause = random.uniform(0, _RESUME_SPREAD)
-            self._log.info("the server answers again; retrying {} in {:.2f}s", self.gvr, pause)
-            await asyncio.sleep(pause)
+        while await wait_first(asyncio.sleep(delay), self.client.answered_after(errors), self._probe()) == 0:
+            refused = _probe_refused.get(self.client)
+            if refused is None or time.monotonic() - refused > 2 * _PROBE_INTERVAL:
+                return  # the backoff is over and the probe has no news: retry
+            # The probe could not connect a moment ago: neither would this request. Wait on.
+            delay = self._backoff.next()
+        self._shortcut_taken = True
+        self._backoff.reset()
+        pause = random.uniform(0, _RESUME_SPREAD)
+        self._log.info("the server answers again; retrying {} in {:.2f}s", self.gvr, pause)
+        await asyncio.sleep(pause)
 
     async def _probe(self) -> None:
         """Ask the server whether it is back, about every _PROBE_INTERVAL (jittered: the clients of one server
@@ -286,8 +297,12 @@ class Reflector:
                 await asyncio.sleep(_PROBE_INTERVAL * random.uniform(0.5, 1.5))
                 try:
                     await self.client.request_bytes("GET", _PROBE_PATH, timeout=10 * _PROBE_INTERVAL)
-                except Exception:  # refused, not ready yet, a credential problem: the reflector's retry reports it
+                except CONNECTION_ERRORS:
+                    _probe_refused[self.client] = time.monotonic()
+                    continue
+                except Exception:  # not ready yet, a credential problem: the reflector's retry reports it
                     pass
+                _probe_refused.pop(self.client, None)
 
     def _require_relist(self, reason: str) -> None:
         if not self._need_list:

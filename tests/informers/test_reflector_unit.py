@@ -408,6 +408,45 @@ async def test_one_probe_per_client_finds_the_server_back_for_every_reflector():
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def test_while_the_probe_cannot_connect_reflectors_wait_for_it(monkeypatch):
+    # A server that is down gets the probe, about once a second per client, not every reflector's retries; and
+    # once the probe is answered at all (here: not ready), the reflectors' own backoffs apply again.
+    monkeypatch.setattr(reflector_module, "_PROBE_INTERVAL", 0.1)
+
+    class DownClient(FakeClient):
+        unready = False
+
+        async def request_bytes(self, method, path, params=None, body=None, headers=None, timeout=60.0):
+            if self.unready:
+                self.probes.append(time.monotonic())
+                raise ApiError(500, "InternalServerError")
+            return await super().request_bytes(method, path, params, body, headers, timeout)
+
+        def stream(self, path, params, inactivity_timeout=None):
+            if not self.up:
+                self.watch_params.append(dict(params))
+                self._raise(refused())
+            return super().stream(path, params, inactivity_timeout)
+
+    client = DownClient([page("10")] * 2, [[added("x", "11"), asyncio.Event()]] * 2)
+    sinks = [Sink(), Sink()]
+    reflectors = [reflector(client, s, [], backoff=Backoff(initial=0.3, cap=0.3, jitter=0.0)) for s in sinks]
+    tasks = [asyncio.create_task(r.run()) for r in reflectors]
+    try:
+        await eventually(lambda: len(client.probes) >= 2, 10, "refused probes")
+        before = len(client.watch_params)
+        await asyncio.sleep(1.5)  # five of their backoffs, about fifteen probes
+        assert len(client.watch_params) == before
+        client.unready = True
+        await eventually(lambda: len(client.watch_params) > before + 2, 10, "their own retries again")
+        client.unready, client.up = False, True
+        await eventually(lambda: all(s.events == ["ADDED"] for s in sinks), 10, "every reflector re-watching")
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_an_answer_before_the_failure_does_not_cut_the_backoff_short():
     # A server shutting down answers the requests it had while it refuses new ones: such an answer, to a request
     # sent before this reflector's connection error, must not spend its early retry at the start of the outage.
