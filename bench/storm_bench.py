@@ -87,23 +87,27 @@ def ours_runner(kubeconfig: str, namespace: str) -> None:
     async def serve(registry: Any, metrics: Any) -> None:
         from informers.request_metrics import NO_ANSWER
 
-        def sample(name: str, labels: dict[str, str]) -> float:
-            return float(metrics.get_sample_value(name, labels) or 0)
-
         reader = asyncio.StreamReader()
         await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
         async for line in reader:
             command = line.decode().strip()
+            samples: dict[tuple[str, str, str, str], float] = {}
+            if command == "stats":  # one collection: get_sample_value would collect the whole registry per call
+                for family in metrics.collect():
+                    for s in family.samples:
+                        if s.name in ("informer_lists_total", "informer_watches_total"):
+                            key = (s.name, s.labels.get("cluster", ""), s.labels.get("gvr", ""),
+                                   s.labels.get("mode", ""))
+                            samples[key] = s.value
             for name, cluster in list(probes.clusters.items()):
                 if command == "stats":
                     codes = cluster.client.request_counts.codes
-                    lists = {g.resource: sample("informer_lists_total", {"cluster": name, "gvr": str(g)}) +
-                             sample("informer_watches_total", {"cluster": name, "gvr": str(g), "mode": "watch_list"})
-                             for g in GVRS}
+                    lists = {g.resource: samples.get(("informer_lists_total", name, str(g), ""), 0.0) +
+                             samples.get(("informer_watches_total", name, str(g), "watch_list"), 0.0) for g in GVRS}
                     emit("stats", cluster=name, requests=sum(codes.values()),
                          answered=sum(n for (code, _), n in codes.items() if code != NO_ANSWER), lists=lists,
-                         watches=sum(sample("informer_watches_total", {"cluster": name, "gvr": str(g), "mode": m})
-                                     for g in GVRS for m in ("watch",)))
+                         watches=sum(samples.get(("informer_watches_total", name, str(g), "watch"), 0.0)
+                                     for g in GVRS))
                 elif command == "dump":
                     for g in GVRS:
                         n, d = digest(cluster.factory.for_resource(g)[0].store.list())
