@@ -30,8 +30,8 @@ Where it differs from client-go, and why:
 
   * A reflector that backs off after a connection error retries as soon as a request of the same ApiClient
     sent after its failure succeeds (another informer's, a discovery GET; ``ApiClient.answered_after``), after
-    a random pause of up to ``_RESUME_SPREAD`` so that the informers of many clients of one server do not all
-    relist at the same moment. So that someone asks even when every informer sleeps a long backoff, one of the
+    a random pause of up to ``_RESUME_SPREAD``, one per client and recovery, so that the clients of one server
+    do not all relist at the same moment while the informers of one client resume together. So that someone asks even when every informer sleeps a long backoff, one of the
     waiting reflectors of a client asks ``/readyz`` about every second (jittered). While that probe cannot
     connect, a reflector whose backoff ends waits on instead of retrying (its request could not connect either):
     about one request a second to a server that is down, however many informers there are. Once the probe gets
@@ -91,6 +91,8 @@ _RESUME_INITIAL = 0.1  # the first delay of the backoff for API errors between a
 _probe_locks: "weakref.WeakKeyDictionary[ApiClient, asyncio.Lock]" = weakref.WeakKeyDictionary()
 # When the probe of a client last failed with a connection error; dropped once one gets an answer.
 _probe_refused: "weakref.WeakKeyDictionary[ApiClient, float]" = weakref.WeakKeyDictionary()
+# The pause before retrying after each client's last recovery: (its ``recoveries``, the pause), drawn once.
+_resume_pauses: "weakref.WeakKeyDictionary[ApiClient, tuple[int, float]]" = weakref.WeakKeyDictionary()
 _PARTIAL_API_VERSION, _PARTIAL_KIND = "meta.k8s.io/v1", "PartialObjectMetadata"
 _METADATA_LIST_ACCEPT = f"application/json;as={_PARTIAL_KIND}List;g=meta.k8s.io;v=v1,application/json"
 _METADATA_WATCH_ACCEPT = f"application/json;as={_PARTIAL_KIND};g=meta.k8s.io;v=v1,application/json"
@@ -283,9 +285,19 @@ class Reflector:
             delay = self._backoff.next()
         self._shortcut_taken = True
         self._backoff.reset()
-        pause = random.uniform(0, _RESUME_SPREAD)
+        pause = self._resume_pause()
         self._log.info("the server answers again; retrying {} in {:.2f}s", self.gvr, pause)
         await asyncio.sleep(pause)
+
+    def _resume_pause(self) -> float:
+        """A random pause of up to _RESUME_SPREAD, the same for every reflector of the client woken by the same
+        recovery: the clients of one server spread out, a client's informers resume together (one member does
+        not show some informers watching and others still unreachable)."""
+        recoveries = self.client.recoveries
+        drawn = _resume_pauses.get(self.client)
+        if drawn is None or drawn[0] != recoveries:
+            drawn = _resume_pauses[self.client] = (recoveries, random.uniform(0, _RESUME_SPREAD))
+        return drawn[1]
 
     async def _probe(self) -> None:
         """Ask the server whether it is back, about every _PROBE_INTERVAL (jittered: the clients of one server

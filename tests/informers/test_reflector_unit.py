@@ -50,6 +50,7 @@ class FakeClient:
         self.list_params, self.watch_params = [], []
         self.connection_errors = 0
         self.answered_past = 0
+        self.recoveries = 0
         self._answered = asyncio.Event()
         self.up = False
         self.probes = []
@@ -68,6 +69,7 @@ class FakeClient:
 
     def recover(self):
         self.answered_past = self.connection_errors
+        self.recoveries += 1
         self._answered.set()
         self._answered = asyncio.Event()
 
@@ -571,6 +573,19 @@ async def test_the_retry_after_an_answer_is_spread_and_the_probe_jittered(monkey
         await eventually(lambda: sink.events == ["ADDED"], 10, "the re-watch")
     assert (0.5, 1.5) in [(a, b) for a, b, _ in pauses]  # the probe interval, x 0.5 to 1.5
     assert (0, 0.3) in [(a, b) for a, b, _ in pauses]  # the pause before the retry
+
+
+async def test_the_reflectors_of_one_client_pause_alike_after_one_recovery():
+    # Spread between clients, not within one: a member's informers resume together.
+    client, other = FakeClient(), FakeClient()
+    a, b, c = (reflector(cl, Sink(), []) for cl in (client, client, other))
+    client.recover()
+    other.recover()
+    assert a._resume_pause() == b._resume_pause()
+    assert a._resume_pause() != c._resume_pause()  # drawn apart (equal floats: practically never)
+    first = a._resume_pause()
+    client.recover()
+    assert b._resume_pause() != first and a._resume_pause() == b._resume_pause()
 
 
 # -- metric series -----------------------------------------------------------------------------------------
