@@ -69,7 +69,9 @@ def emit(event: str, **fields: Any) -> None:
 
 
 # -- the runner of ours (a subprocess) ------------------------------------------------------------------------
-def runner_main(kubeconfig: str, namespace: str) -> None:
+def runner_main(kubeconfig: str, namespace: str, extra: Any = None, serve: Any = None) -> None:
+    """Run ours until terminated. ``extra``: one more cluster handler, registered first; ``serve(registry,
+    metrics_registry)``: a coroutine run once every member is up (bench/storm_bench.py's commands)."""
     from syncer.cli import event_loop, tune_gc
     from syncer.settings import Settings
 
@@ -77,10 +79,11 @@ def runner_main(kubeconfig: str, namespace: str) -> None:
     loop_factory, note = event_loop(settings)
     tune_gc()
     with asyncio.Runner(loop_factory=loop_factory) as runner:  # as cmd_run does
-        runner.run(_runner(kubeconfig, namespace, settings, note))
+        runner.run(_runner(kubeconfig, namespace, settings, note, extra, serve))
 
 
-async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str) -> None:
+async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str, extra: Any = None,
+                  serve: Any = None) -> None:
     from prometheus_client import CollectorRegistry
 
     from controllers import Controller, ManagedController
@@ -140,6 +143,8 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
                                make_factory=member_factory)
     per_cluster = ClusterControllers(controllers, name="bench", workers=s.workers, resync_period=s.resync or None,
                                      start_timeout=s.start_timeout)
+    if extra is not None:
+        await registry.register_cluster_handler(extra)
     await registry.register_cluster_handler(Names())
     await registry.register_cluster_handler(per_cluster)
     await registry.start()
@@ -147,7 +152,7 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
         await asyncio.sleep(0.01)
     emit("started", t=time.time(), loop=loop_note)
     try:
-        await asyncio.Future()
+        await (serve(registry, metrics) if serve is not None else asyncio.Future())
     finally:
         await per_cluster.stop()
         await registry.stop()

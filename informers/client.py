@@ -335,14 +335,20 @@ class ApiClient:
 
     # -- "the server answered again" ---------------------------------------------------------------------
     # Class-level defaults, shadowed per instance by the first change.
-    _unanswered = False  # a request failed with a CONNECTION_ERRORS since the last success
+    _errors = 0  # requests failed with a CONNECTION_ERRORS so far
+    _answered_past = 0  # the most such failures a request had come after when it was sent, among the answered
     _recoveries = 0
     _answered: asyncio.Event | None = None  # set and dropped on each recovery; created by the first waiter
 
     @property
     def recoveries(self) -> int:
-        """How many times a request has succeeded after one failed with a connection error."""
+        """How many times a request sent after a connection error (later than any answered before) succeeded."""
         return self._recoveries
+
+    @property
+    def connection_errors(self) -> int:
+        """How many requests have failed with a connection error so far."""
+        return self._errors
 
     async def answered_again(self, since: int) -> None:
         """Return once ``recoveries`` exceeds ``since`` (at once if it already does).
@@ -351,7 +357,15 @@ class ApiClient:
         its own or another's, succeeds: read ``recoveries`` before the request that failed, then wait for this
         or the backoff, whichever comes first.
         """
-        while self._recoveries <= since:
+        await self._wait_answer(lambda: self._recoveries > since)
+
+    async def answered_after(self, errors: int) -> None:
+        """Return once a request sent after the first ``errors`` connection errors has succeeded (at once if one
+        has): read ``connection_errors`` after a failure, then this waits for the server to answer since."""
+        await self._wait_answer(lambda: self._answered_past >= errors)
+
+    async def _wait_answer(self, done: Callable[[], bool]) -> None:
+        while not done():
             if self._answered is None:
                 self._answered = asyncio.Event()
             await self._answered.wait()
@@ -360,22 +374,25 @@ class ApiClient:
     async def _noting_answers(
         self, sending: AbstractAsyncContextManager[Response]
     ) -> AsyncIterator[Response]:
-        """``sending``'s response; notes a connection error, or the first success after one (a ``recoveries``).
+        """``sending``'s response; notes a connection error, or a success that answers past the last one.
 
         Only a success counts as the server answering again: a server still starting answers 403, 429 or 503
-        to some requests, and a proxy in front of one that is down answers 502 or 503.
+        to some requests, and a proxy in front of one that is down answers 502 or 503. And only the success
+        of a request sent after the connection errors: a server shutting down still answers the requests it
+        had (after a GOAWAY) while every new one is refused, which says nothing about it being back.
         """
+        errors = self._errors
         try:
             async with sending as resp:
-                if self._unanswered and resp.status < 300:
-                    self._unanswered = False
+                if resp.status < 300 and errors > self._answered_past:
+                    self._answered_past = errors
                     self._recoveries += 1
                     if self._answered is not None:
                         self._answered.set()
                         self._answered = None
                 yield resp
         except CONNECTION_ERRORS:
-            self._unanswered = True
+            self._errors += 1
             raise
 
 
@@ -420,6 +437,10 @@ class _FencedClient(ApiClient):
         return self._inner.recoveries
 
     @property
+    def connection_errors(self) -> int:
+        return self._inner.connection_errors
+
+    @property
     def connections(self) -> int:
         return self._inner.connections
 
@@ -429,6 +450,9 @@ class _FencedClient(ApiClient):
 
     async def answered_again(self, since: int) -> None:
         await self._inner.answered_again(since)
+
+    async def answered_after(self, errors: int) -> None:
+        await self._inner.answered_after(errors)
 
     async def close(self) -> None:
         return None

@@ -25,16 +25,30 @@
 Where it differs from client-go, and why:
 
 - Recovery after an outage. client-go sleeps out a backoff that grew while the server was down (up to 60 s
-  with jitter), so informers come back up to a minute after the server. Here a reflector that backs off after
-  a connection error retries as soon as any request of the same ApiClient succeeds (another informer's, a
-  discovery GET; ``ApiClient.answered_again``), and starts its backoff afresh. So that someone asks even when
-  every informer sleeps a long backoff, one of the waiting reflectors of a client asks ``/readyz`` every
-  second: one request a second to a server that is down, however many informers there are.
-  Likewise the first answer after connection errors that is an error itself (typically the 410 that follows
-  an apiserver restart) is backed off from the start of the sequence, not from where the outage left it.
-  Each of these shortcuts is taken at most once per failure streak (until the next sync, normal watch end or
-  the first event of a re-opened watch), and API errors are never cut short, so a watch that keeps failing
-  backs off as usual instead of spinning.
+  with jitter), and its first answers after an apiserver restart (a 410 to the watch, a 503 for paths not yet
+  installed) are backed off from there, so informers come back up to a minute after the server. Here:
+
+  * A reflector that backs off after a connection error retries as soon as a request of the same ApiClient
+    sent after its failure succeeds (another informer's, a discovery GET; ``ApiClient.answered_after``), after
+    a random pause of up to ``_RESUME_SPREAD``, one per client and recovery, so that the clients of one server
+    do not all relist at the same moment while the informers of one client resume together. So that someone asks even when every informer sleeps a long backoff, one of the
+    waiting reflectors of a client asks ``/readyz`` about every second (jittered). While that probe cannot
+    connect, a reflector whose backoff ends waits on instead of retrying (its request could not connect either):
+    about one request a second to a server that is down, however many informers there are. Once the probe gets
+    any answer, the reflectors' own backoffs apply again, in case ``/readyz`` stays unready while the API works.
+    A success of a request sent before the failure does not count (a server shutting down answers the requests
+    it had while it refuses new ones).
+  * The first answer after connection errors ends that "unreachable" run. An error answer (typically the 410
+    that follows an apiserver restart, as an ERROR event of a watch that answered 200: an answer, not a proof
+    that the watch works; or a 503 while its paths are installed) restarts the backoff, and until
+    the next success API errors back off from ``_RESUME_INITIAL`` (0.1 s) instead of 0.8 s: the server is
+    starting, and the relist it asks for should not wait. That resume backoff grows as usual and only a
+    success resets it, so a server that keeps failing after it answered is not hammered.
+  * The early retry is taken at most once per unreachable run of the reflector (until it gets an answer):
+    API errors are never cut short, and a reflector whose own requests keep failing while others' succeed
+    backs off as usual instead of spinning.
+
+  So each informer relists once per outage, within a few seconds of the server answering again.
 - Nothing but cancellation ends ``run``: an error listener, the sink or the error handling itself raising is
   logged, and the reflector carries on (client-go's equivalent, a panic, is also recovered and retried).
 
@@ -71,7 +85,14 @@ _WATCH_LIST_REFUSED = {400, 405, 415, 422, 501}
 # While reflectors back off after connection errors, one of them per client asks this every _PROBE_INTERVAL.
 _PROBE_PATH = "/readyz"
 _PROBE_INTERVAL = 1.0
+# After a connection error cut short by an answer, the retry waits a random part of this (module docstring).
+_RESUME_SPREAD = 0.5
+_RESUME_INITIAL = 0.1  # the first delay of the backoff for API errors between an outage and the next success
 _probe_locks: "weakref.WeakKeyDictionary[ApiClient, asyncio.Lock]" = weakref.WeakKeyDictionary()
+# When the probe of a client last failed with a connection error; dropped once one gets an answer.
+_probe_refused: "weakref.WeakKeyDictionary[ApiClient, float]" = weakref.WeakKeyDictionary()
+# The pause before retrying after each client's last recovery: (its ``recoveries``, the pause), drawn once.
+_resume_pauses: "weakref.WeakKeyDictionary[ApiClient, tuple[int, float]]" = weakref.WeakKeyDictionary()
 _PARTIAL_API_VERSION, _PARTIAL_KIND = "meta.k8s.io/v1", "PartialObjectMetadata"
 _METADATA_LIST_ACCEPT = f"application/json;as={_PARTIAL_KIND}List;g=meta.k8s.io;v=v1,application/json"
 _METADATA_WATCH_ACCEPT = f"application/json;as={_PARTIAL_KIND};g=meta.k8s.io;v=v1,application/json"
@@ -159,7 +180,9 @@ class Reflector:
         self._doing = "list"  # the request under way, for log lines: "list", "watch" or "watch-list"
         self._backoff = self.options.backoff()
         self._unreachable = False  # the last failure was a connection error
-        self._shortcut_taken = False  # one early retry per failure streak: see the module docstring
+        self._shortcut_taken = False  # one early retry per unreachable run: see the module docstring
+        self._resuming = False  # answered again after connection errors, and no success yet
+        self._resume_backoff = Backoff(initial=_RESUME_INITIAL)
         self._init_backoff = Backoff(initial=0.05, jitter=0.2)
         self._log = logger.bind(gvr=str(gvr))
         m = metrics or InformerMetrics.for_registry()
@@ -182,7 +205,6 @@ class Reflector:
     async def run(self) -> None:
         """List and watch until cancelled; never returns otherwise, and raises nothing but CancelledError."""
         while True:
-            answers = self.client.recoveries  # before the attempt: a success elsewhere while it fails counts too
             try:
                 if self._need_list and self.use_watch_list is not False:
                     self._doing = "watch-list"
@@ -202,7 +224,7 @@ class Reflector:
                     self._log.opt(exception=True).error("handling a failure of {} failed; retrying in {:.1f}s",
                                                         self.gvr, self._backoff.cap)
                     delay = self._backoff.cap
-                await self._back_off(delay, answers)
+                await self._back_off(delay)
 
     # -- errors ------------------------------------------------------------------------------------------
     def _handle_error(self, e: Exception) -> float:
@@ -210,12 +232,12 @@ class Reflector:
         self.last_error = e
         what = self._doing
         unreachable = isinstance(e, CONNECTION_ERRORS)
-        if self._unreachable and not unreachable and not self._shortcut_taken:
+        if self._unreachable and not unreachable:
             # The server answers again: the backoff grew while it was down, not because of this error.
-            self._shortcut_taken = True
             self._backoff.reset()
+            self._resuming, self._shortcut_taken = True, False
         self._unreachable = unreachable
-        delay = self._backoff.next()
+        delay = (self._resume_backoff if self._resuming and not unreachable else self._backoff).next()
         if isinstance(e, ApiError):
             kind = str(e.status)
             if e.is_gone:
@@ -248,27 +270,51 @@ class Reflector:
             self._on_error(e)
         return delay
 
-    async def _back_off(self, delay: float, answers: int) -> None:
-        """Sleep ``delay``; after a connection error, only until a request of the client succeeds (``answers``
-        is ``client.recoveries`` from before the failed attempt)."""
+    async def _back_off(self, delay: float) -> None:
+        """Sleep ``delay``; after a connection error, only until a request of the client sent since succeeds
+        (then a random pause of up to _RESUME_SPREAD), once per unreachable run."""
         if not self._unreachable or self._shortcut_taken:
             await asyncio.sleep(delay)
-        elif await wait_first(asyncio.sleep(delay), self.client.answered_again(answers), self._probe()) == 1:
-            self._shortcut_taken = True
-            self._backoff.reset()
-            self._log.info("the server answers again; retrying {} now", self.gvr)
+            return
+        errors = self.client.connection_errors  # this failure's included: only an answer sent after it counts
+        while await wait_first(asyncio.sleep(delay), self.client.answered_after(errors), self._probe()) == 0:
+            refused = _probe_refused.get(self.client)
+            if refused is None or time.monotonic() - refused > 2 * _PROBE_INTERVAL:
+                return  # the backoff is over and the probe has no news: retry
+            # The probe could not connect a moment ago: neither would this request. Wait on.
+            delay = self._backoff.next()
+        self._shortcut_taken = True
+        self._backoff.reset()
+        pause = self._resume_pause()
+        self._log.info("the server answers again; retrying {} in {:.2f}s", self.gvr, pause)
+        await asyncio.sleep(pause)
+
+    def _resume_pause(self) -> float:
+        """A random pause of up to _RESUME_SPREAD, the same for every reflector of the client woken by the same
+        recovery: the clients of one server spread out, a client's informers resume together (one member does
+        not show some informers watching and others still unreachable)."""
+        recoveries = self.client.recoveries
+        drawn = _resume_pauses.get(self.client)
+        if drawn is None or drawn[0] != recoveries:
+            drawn = _resume_pauses[self.client] = (recoveries, random.uniform(0, _RESUME_SPREAD))
+        return drawn[1]
 
     async def _probe(self) -> None:
-        """Ask the server whether it is back, every _PROBE_INTERVAL, as one of the client's reflectors at a time
-        (the others queue on the lock and take over when this one's backoff ends). Never returns: its success
-        ends the backoff of every waiting reflector through ``answered_again``."""
+        """Ask the server whether it is back, about every _PROBE_INTERVAL (jittered: the clients of one server
+        lost at one moment do not all ask at the same one), as one of the client's reflectors at a time (the
+        others queue on the lock and take over when this one's backoff ends). Never returns: its success ends
+        the backoff of every waiting reflector through ``answered_after``."""
         async with _probe_locks.setdefault(self.client, asyncio.Lock()):
             while True:
-                await asyncio.sleep(_PROBE_INTERVAL)
+                await asyncio.sleep(_PROBE_INTERVAL * random.uniform(0.5, 1.5))
                 try:
                     await self.client.request_bytes("GET", _PROBE_PATH, timeout=10 * _PROBE_INTERVAL)
-                except Exception:  # refused, not ready yet, a credential problem: the reflector's retry reports it
+                except CONNECTION_ERRORS:
+                    _probe_refused[self.client] = time.monotonic()
+                    continue
+                except Exception:  # not ready yet, a credential problem: the reflector's retry reports it
                     pass
+                _probe_refused.pop(self.client, None)
 
     def _require_relist(self, reason: str) -> None:
         if not self._need_list:
@@ -277,8 +323,9 @@ class Reflector:
 
     def _succeeded(self) -> None:
         self.last_error = None
-        self._unreachable = self._shortcut_taken = False
+        self._unreachable = self._shortcut_taken = self._resuming = False
         self._init_backoff.reset()
+        self._resume_backoff.reset()
 
     # -- list --------------------------------------------------------------------------------------------
     async def _list(self) -> None:
@@ -398,11 +445,13 @@ class Reflector:
             # A watch re-opened after a connection failure ends that failure streak with its first event: the
             # next cut (one dead HTTP/2 connection fails every watch on it at once) gets the shortcut again
             # instead of sleeping out a backoff grown by the cut before.
-            unproven = self._unreachable or self._shortcut_taken
+            unproven = self._unreachable or self._shortcut_taken or self._resuming
             async for ev in events:
                 typ = ev["type"]
                 obj = ev["object"]
-                if unproven and pending is None:
+                if unproven and pending is None and typ != "ERROR":
+                    # An ERROR event is no proof: after an apiserver restart the first answer to the re-opened
+                    # watch is typically an in-stream 410, which must be handled as the answer after an outage.
                     unproven = False
                     self._succeeded()
                 if typ == "BOOKMARK":

@@ -10,6 +10,17 @@
 //	{"event":"synced","cluster":"...","t":...}     a member's informers have synced (its workers start)
 //	{"event":"reconciled","cluster":"...","t":...} a member's first reconcile
 //	{"event":"removed","cluster":"...","t":...}    a member's Secret is gone and the member stopped
+//	{"event":"seen","cluster":"...","gvr":"...","name":"...","t":...}
+//	                                              with -probe-prefix: an object so named was added or updated
+//
+// With -commands it reads one command a line on stdin (bench/storm_bench.py) and answers on stdout:
+//
+//	stats  {"event":"stats","cluster":"...","requests":n,"answered":n,"lists":{"<path>":n},"watches":n} a member
+//	       each: every request its transport sent (answered: a response came), LISTs (and watch-list
+//	       streams) by path, plain WATCHes;
+//	       then {"event":"stats-done"}
+//	dump   {"event":"dump","cluster":"...","gvr":"...","n":n,"digest":"..."} per member and GVR, the sha256 of
+//	       its cache's sorted "namespace/name=resourceVersion" lines; then {"event":"dump-done"}
 //
 // Every member gets its own HTTP transport (so its own connection), as members on distinct API servers would:
 // client-go shares one transport between configs with identical TLS settings, which here (every member is the
@@ -17,12 +28,17 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -70,6 +86,54 @@ type member struct {
 	data   string
 	cancel context.CancelFunc
 	done   chan struct{}
+	counts counts
+	mu     sync.Mutex
+	stores map[string]cache.Store // by GVR, once started
+}
+
+// counts are the requests one member's transport sent.
+type counts struct {
+	mu                          sync.Mutex
+	requests, answered, watches int
+	lists                       map[string]int
+}
+
+type countingTransport struct {
+	next http.RoundTripper
+	c    *counts
+}
+
+func (t *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	c := t.c
+	c.mu.Lock()
+	c.requests++
+	if err == nil {
+		c.answered++
+	}
+	query := req.URL.Query()
+	if w := query.Get("watch"); (w == "true" || w == "1") && query.Get("sendInitialEvents") != "true" {
+		c.watches++
+	} else if req.Method == http.MethodGet {
+		if c.lists == nil {
+			c.lists = map[string]int{}
+		}
+		c.lists[req.URL.Path]++
+	}
+	c.mu.Unlock()
+	return resp, err
+}
+
+func digest(store cache.Store) (int, string) {
+	var lines []string
+	for _, obj := range store.List() {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			lines = append(lines, u.GetNamespace()+"/"+u.GetName()+"="+u.GetResourceVersion())
+		}
+	}
+	sort.Strings(lines)
+	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
+	return len(lines), hex.EncodeToString(sum[:])
 }
 
 func dropManagedFields(obj any) (any, error) {
@@ -80,7 +144,7 @@ func dropManagedFields(obj any) (any, error) {
 }
 
 // run brings one member up and keeps it until ctx is cancelled.
-func run(ctx context.Context, m *member, gvrs []schema.GroupVersionResource, workers int) {
+func run(ctx context.Context, m *member, gvrs []schema.GroupVersionResource, workers int, probePrefix string) {
 	defer close(m.done)
 	cfg, err := clientcmd.RESTConfigFromKubeConfig([]byte(m.data))
 	if err != nil {
@@ -91,6 +155,7 @@ func run(ctx context.Context, m *member, gvrs []schema.GroupVersionResource, wor
 	// HTTP/2 connection) per member, as with distinct API servers.
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	cfg.Dial = dialer.DialContext
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return &countingTransport{rt, &m.counts} }
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		emit(map[string]any{"event": "error", "cluster": m.name, "error": err.Error()})
@@ -109,6 +174,7 @@ func run(ctx context.Context, m *member, gvrs []schema.GroupVersionResource, wor
 		DeleteFunc: enqueue,
 	}
 	var regs []cache.ResourceEventHandlerRegistration
+	stores := map[string]cache.Store{}
 	for _, gvr := range gvrs {
 		inf := factory.ForResource(gvr).Informer()
 		_ = inf.SetTransform(dropManagedFields)
@@ -117,7 +183,24 @@ func run(ctx context.Context, m *member, gvrs []schema.GroupVersionResource, wor
 			fail("handler: %v", err)
 		}
 		regs = append(regs, reg)
+		stores[gvr.Resource] = inf.GetStore()
+		if probePrefix != "" {
+			name := gvr.Resource
+			seen := func(obj any) {
+				if u, ok := obj.(*unstructured.Unstructured); ok && strings.HasPrefix(u.GetName(), probePrefix) {
+					emit(map[string]any{"event": "seen", "cluster": m.name, "gvr": name, "name": u.GetName(), "t": now()})
+				}
+			}
+			if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+				AddFunc: seen, UpdateFunc: func(_, n any) { seen(n) },
+			}); err != nil {
+				fail("handler: %v", err)
+			}
+		}
 	}
+	m.mu.Lock()
+	m.stores = stores
+	m.mu.Unlock()
 	factory.Start(ctx.Done())
 	syncedFns := make([]cache.InformerSynced, 0, len(regs))
 	for _, r := range regs {
@@ -158,6 +241,8 @@ func main() {
 	selector := flag.String("selector", "kube-syncer.io/kubeconfig=true", "label selector of the kubeconfig Secrets")
 	gvrList := flag.String("gvrs", "/v1/configmaps", "comma-separated group/version/resource list per member")
 	workers := flag.Int("workers", 2, "workers per member")
+	probePrefix := flag.String("probe-prefix", "", "emit a seen event for objects whose name starts with this")
+	commands := flag.Bool("commands", false, "answer stats/dump commands read from stdin")
 	flag.Parse()
 
 	var gvrs []schema.GroupVersionResource
@@ -199,7 +284,7 @@ func main() {
 		ctx, cancel := context.WithCancel(context.Background())
 		m := &member{name: s.Name, data: data, cancel: cancel, done: make(chan struct{})}
 		members[s.Name] = m
-		go run(ctx, m, gvrs, *workers)
+		go run(ctx, m, gvrs, *workers, *probePrefix)
 	}
 	remove := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -231,5 +316,47 @@ func main() {
 		fail("secret informer did not sync")
 	}
 	emit(map[string]any{"event": "started", "t": now()})
+	if *commands {
+		answer(&mu, members)
+	}
 	select {}
+}
+
+// answer serves the -commands protocol (see the top of the file) until stdin ends.
+func answer(mu *sync.Mutex, members map[string]*member) {
+	scanner := bufio.NewScanner(os.Stdin)
+	for scanner.Scan() {
+		mu.Lock()
+		all := make([]*member, 0, len(members))
+		for _, m := range members {
+			all = append(all, m)
+		}
+		mu.Unlock()
+		switch strings.TrimSpace(scanner.Text()) {
+		case "stats":
+			for _, m := range all {
+				c := &m.counts
+				c.mu.Lock()
+				lists := map[string]int{}
+				for k, v := range c.lists {
+					lists[k] = v
+				}
+				emit(map[string]any{"event": "stats", "cluster": m.name, "requests": c.requests,
+					"answered": c.answered, "watches": c.watches, "lists": lists})
+				c.mu.Unlock()
+			}
+			emit(map[string]any{"event": "stats-done"})
+		case "dump":
+			for _, m := range all {
+				m.mu.Lock()
+				stores := m.stores
+				m.mu.Unlock()
+				for gvr, store := range stores {
+					n, d := digest(store)
+					emit(map[string]any{"event": "dump", "cluster": m.name, "gvr": gvr, "n": n, "digest": d})
+				}
+			}
+			emit(map[string]any{"event": "dump-done"})
+		}
+	}
 }

@@ -246,3 +246,54 @@ async def test_api_client_tells_when_the_server_answers_again() -> None:
     finally:
         await client.close()
         await runner.cleanup()
+
+
+async def test_an_answer_to_a_request_sent_before_a_connection_error_is_no_recovery() -> None:
+    # A server shutting down answers the requests it had (after a GOAWAY) while every new one is refused: that
+    # answer must not tell the client's waiters that the server is back.
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        entered.set()
+        await release.wait()
+        return web.Response(text="x")
+
+    async def readyz(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def broken_watch(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        assert request.transport is not None
+        request.transport.abort()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/slow", slow)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/watch", broken_watch)
+    port = free_port()
+    client = ApiClient(kubernetes.client.Configuration(host=f"http://127.0.0.1:{port}"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        in_flight = asyncio.create_task(client.request_bytes("GET", "/slow"))
+        await asyncio.wait_for(entered.wait(), 10)
+        with pytest.raises(CONNECTION_ERRORS):
+            async with client.stream("/watch", {}) as events:
+                async for _ in events:
+                    pass
+        errors = client.connection_errors
+        assert errors == 1
+        waiter = asyncio.create_task(client.answered_after(errors))
+        release.set()
+        assert await in_flight == b"x"  # answered, but it was sent before the failure
+        await asyncio.sleep(0.1)
+        assert client.recoveries == 0 and not waiter.done()
+        await client.request_bytes("GET", "/readyz")
+        assert client.recoveries == 1
+        await asyncio.wait_for(waiter, 1)
+    finally:
+        await client.close()
+        await runner.cleanup()

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry
 from informers import (
     GVR, ApiError, Backoff, FuncHandler, InformerMetrics, Reflector, ReflectorOptions, SharedIndexInformer,
 )
+from informers import reflector as reflector_module
+from informers.client import CONNECTION_ERRORS
 from informers.reflector import INITIAL_EVENTS_END
 
 from tests.helpers import eventually
@@ -38,39 +40,48 @@ class FakeClient:
 
     A watch script is a list of events (the stream then ends normally), an exception (raised at once), or a
     list whose last item is an exception (raised after the events before it) or an asyncio.Event (the stream
-    stays open); with no script left, the watch never answers. ``recover()`` plays "the server
-    answered again" (``ApiClient.answered_again``); the server answers the reflectors' probes once ``up``.
+    stays open); with no script left, the watch never answers. Connection errors raised are counted
+    (``connection_errors``); ``recover()`` plays "a request sent after them got an answer"
+    (``ApiClient.answered_after``); the server answers the reflectors' probes once ``up``.
     """
 
     def __init__(self, lists=(), watches=()):
         self.lists, self.watches = list(lists), list(watches)
         self.list_params, self.watch_params = [], []
+        self.connection_errors = 0
+        self.answered_past = 0
         self.recoveries = 0
         self._answered = asyncio.Event()
         self.up = False
         self.probes = []
 
+    def _raise(self, e):
+        if isinstance(e, CONNECTION_ERRORS):
+            self.connection_errors += 1
+        raise e
+
     async def request_bytes(self, method, path, params=None, body=None, headers=None, timeout=60.0):
         self.probes.append(time.monotonic())
         if not self.up:
-            raise refused()
+            self._raise(refused())
         self.recover()
         return b"ok"
 
     def recover(self):
+        self.answered_past = self.connection_errors
         self.recoveries += 1
         self._answered.set()
         self._answered = asyncio.Event()
 
-    async def answered_again(self, since):
-        while self.recoveries <= since:
+    async def answered_after(self, errors):
+        while self.answered_past < errors:
             await self._answered.wait()
 
     async def request(self, method, path, params=None, body=None):
         self.list_params.append(dict(params))
         item = self.lists.pop(0)
         if isinstance(item, Exception):
-            raise item
+            self._raise(item)
         return item
 
     @asynccontextmanager
@@ -80,12 +91,12 @@ class FakeClient:
         if isinstance(item, asyncio.Event):
             await item.wait()  # park forever: the test is over
         if isinstance(item, Exception):
-            raise item
+            self._raise(item)
 
         async def gen():
             for ev in item:
                 if isinstance(ev, Exception):
-                    raise ev
+                    self._raise(ev)
                 if isinstance(ev, asyncio.Event):
                     await ev.wait()
                 yield ev
@@ -399,19 +410,65 @@ async def test_one_probe_per_client_finds_the_server_back_for_every_reflector():
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_an_answer_during_the_failing_attempt_counts():
+async def test_while_the_probe_cannot_connect_reflectors_wait_for_it(monkeypatch):
+    # A server that is down gets the probe, about once a second per client, not every reflector's retries; and
+    # once the probe is answered at all (here: not ready), the reflectors' own backoffs apply again.
+    monkeypatch.setattr(reflector_module, "_PROBE_INTERVAL", 0.1)
+
+    class DownClient(FakeClient):
+        unready = False
+
+        async def request_bytes(self, method, path, params=None, body=None, headers=None, timeout=60.0):
+            if self.unready:
+                self.probes.append(time.monotonic())
+                raise ApiError(500, "InternalServerError")
+            return await super().request_bytes(method, path, params, body, headers, timeout)
+
+        def stream(self, path, params, inactivity_timeout=None):
+            if not self.up:
+                self.watch_params.append(dict(params))
+                self._raise(refused())
+            return super().stream(path, params, inactivity_timeout)
+
+    client = DownClient([page("10")] * 2, [[added("x", "11"), asyncio.Event()]] * 2)
+    sinks = [Sink(), Sink()]
+    reflectors = [reflector(client, s, [], backoff=Backoff(initial=0.3, cap=0.3, jitter=0.0)) for s in sinks]
+    tasks = [asyncio.create_task(r.run()) for r in reflectors]
+    try:
+        await eventually(lambda: len(client.probes) >= 2, 10, "refused probes")
+        before = len(client.watch_params)
+        await asyncio.sleep(1.5)  # five of their backoffs, about fifteen probes
+        assert len(client.watch_params) == before
+        client.unready = True
+        await eventually(lambda: len(client.watch_params) > before + 2, 10, "their own retries again")
+        client.unready, client.up = False, True
+        await eventually(lambda: all(s.events == ["ADDED"] for s in sinks), 10, "every reflector re-watching")
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_an_answer_before_the_failure_does_not_cut_the_backoff_short():
+    # A server shutting down answers the requests it had while it refuses new ones: such an answer, to a request
+    # sent before this reflector's connection error, must not spend its early retry at the start of the outage.
     client = FakeClient([page("10")], [refused(), [added("x", "11")]])
     sink, delays = Sink(), []
     r = reflector(client, sink, delays, backoff=SlowBackoff())
     original = client.stream
 
-    def stream_after_recovery(*args):
-        client.recover()  # the server answers someone while this reflector's attempt fails
+    def stream_after_an_answer(*args):
+        client.recover()  # someone's request got its answer while this reflector's attempt was under way
         client.stream = original
         return original(*args)
 
-    client.stream = stream_after_recovery
-    await run_until(r, lambda: sink.events == ["ADDED"], "a re-watch without sleeping out the backoff")
+    client.stream = stream_after_an_answer
+    async with running(r):
+        await eventually(lambda: len(delays) == 1, 10, "the connection error")
+        await settle()
+        assert len(client.watch_params) == 1  # still waiting: nobody has been answered since its failure
+        client.recover()
+        await eventually(lambda: sink.events == ["ADDED"], 10, "the prompt re-watch once one is")
 
 
 async def test_api_errors_and_repeated_connection_errors_are_not_cut_short():
@@ -437,15 +494,98 @@ async def test_api_errors_and_repeated_connection_errors_are_not_cut_short():
 
 
 async def test_first_answer_after_connection_errors_starts_the_backoff_afresh():
-    # After an apiserver restart the first answer is typically a 410: its relist must not wait out the backoff
-    # that grew while the server was down.
+    # After an apiserver restart the first answer is typically a 410, then maybe a 503 while its paths are
+    # installed: the relist must not wait out the backoff that grew while the server was down, nor 0.8 s per
+    # error of a server that is starting. Until the next success, API errors back off from 0.1 s.
     gone = ApiError(410, "Expired")
-    client = FakeClient([page("10"), page("20")], [refused(), refused(), refused(), gone, ApiError(500, "x")])
+    client = FakeClient([page("10"), ApiError(503, "ServiceUnavailable"), page("20")],
+                        [refused(), refused(), refused(), gone, [added("x", "21")], ApiError(500, "x")])
     sink, delays = Sink(), []
     r = reflector(client, sink, delays, backoff=Backoff(initial=0.001, factor=5.0, cap=10.0, jitter=0.0))
-    await run_until(r, lambda: len(delays) >= 5)
-    assert [round(d[2], 3) for d in delays[:5]] == [0.001, 0.005, 0.025, 0.001, 0.005]
-    assert [p["resourceVersion"] for p in client.list_params[:2]] == ["0", "10"]
+    await run_until(r, lambda: len(delays) >= 6)
+    assert [round(d[2], 3) for d in delays[:3]] == [0.001, 0.005, 0.025]
+    resume = reflector_module._RESUME_INITIAL
+    assert delays[3][1] == 410 and resume <= delays[3][2] < 2 * resume  # the first answer: the resume backoff
+    assert delays[4][1] == 503 and 2 * resume <= delays[4][2] < 4 * resume  # which grows until a success
+    assert delays[5][1] == 500 and round(delays[5][2], 3) == 0.001  # after one, the usual backoff, afresh
+    assert [p["resourceVersion"] for p in client.list_params[:3]] == ["0", "10", "10"]
+
+
+async def test_an_in_stream_410_after_an_outage_is_the_answer_that_resumes():
+    # The apiserver's 410 to a watch re-opened after its restart comes as an ERROR event in a 200 stream: it is
+    # no proof that the watch works (which would keep the backoff the outage grew for the relist) but the first
+    # answer after the outage, so the relist follows on the short resume backoff.
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    client = FakeClient([page("10"), page("20")], [refused(), refused(), [gone], [added("x", "21")]])
+    sink, delays = Sink(), []
+    r = reflector(client, sink, delays, backoff=Backoff(initial=5.0, factor=1.0, cap=5.0, jitter=0.0))
+    r._resume_backoff = Backoff(initial=0.001, cap=0.001, jitter=0.0)
+    async with running(r):
+        await eventually(lambda: len(delays) == 1, 10, "the first connection error")
+        client.recover()
+        await eventually(lambda: len(delays) == 2, 10, "the prompt retry refused again")
+        client.recover()  # the early retry was spent on this run: it sleeps its 5 s backoff
+        await eventually(lambda: sink.events == ["ADDED"], 20, "the relist and the re-watch")
+    assert [d[:2] for d in delays] == [("ConnectionRefusedError", None), ("ConnectionRefusedError", None),
+                                       ("ApiError", 410)]
+    assert delays[2][2] == 0.001
+    assert sink.replaced == [(1, "10"), (1, "20")]
+
+
+async def test_each_outage_gets_its_early_retry_even_without_a_success_between():
+    # A server that answers (an error) and goes again, as one crash-looping: every return cuts the backoff of
+    # the next outage short again, since the reflector was answered in between; a retry that fails the same way
+    # again before any answer does not (see test_api_errors_and_repeated_connection_errors_are_not_cut_short).
+    throttled = ApiError(429, "TooManyRequests")  # an answer that asks for no relist: no success in between
+    client = FakeClient([page("10")], [refused(), throttled, refused(), [added("x", "11")]])
+    sink, delays, backoff = Sink(), [], SlowBackoff()
+    r = reflector(client, sink, delays, backoff=backoff)
+    r._resume_backoff = Backoff(initial=0.001, cap=0.001, jitter=0.0)
+    async with running(r):
+        await eventually(lambda: len(delays) == 1, 10, "the first outage")
+        client.recover()
+        await eventually(lambda: len(delays) == 3, 10, "the 429, then the second outage")
+        await settle()
+        assert len(client.watch_params) == 3
+        client.recover()
+        await eventually(lambda: sink.events == ["ADDED"], 10, "the prompt re-watch after the second outage")
+
+
+async def test_the_retry_after_an_answer_is_spread_and_the_probe_jittered(monkeypatch):
+    # Many members lose one server at the same moment: their probes and their retries must not stay in step.
+    monkeypatch.setattr(reflector_module, "_PROBE_INTERVAL", 0.2)
+    monkeypatch.setattr(reflector_module, "_RESUME_SPREAD", 0.3)
+    pauses = []
+    real_uniform = reflector_module.random.uniform
+
+    def uniform(a, b):
+        value = real_uniform(a, b)
+        pauses.append((a, b, value))
+        return value
+
+    monkeypatch.setattr(reflector_module.random, "uniform", uniform)
+    client = FakeClient([page("10")], [refused(), [added("x", "11")]])
+    sink = Sink()
+    r = reflector(client, sink, [], backoff=SlowBackoff())
+    async with running(r):
+        await eventually(lambda: len(client.probes) >= 2, 10, "probes")
+        client.up = True
+        await eventually(lambda: sink.events == ["ADDED"], 10, "the re-watch")
+    assert (0.5, 1.5) in [(a, b) for a, b, _ in pauses]  # the probe interval, x 0.5 to 1.5
+    assert (0, 0.3) in [(a, b) for a, b, _ in pauses]  # the pause before the retry
+
+
+async def test_the_reflectors_of_one_client_pause_alike_after_one_recovery():
+    # Spread between clients, not within one: a member's informers resume together.
+    client, other = FakeClient(), FakeClient()
+    a, b, c = (reflector(cl, Sink(), []) for cl in (client, client, other))
+    client.recover()
+    other.recover()
+    assert a._resume_pause() == b._resume_pause()
+    assert a._resume_pause() != c._resume_pause()  # drawn apart (equal floats: practically never)
+    first = a._resume_pause()
+    client.recover()
+    assert b._resume_pause() != first and a._resume_pause() == b._resume_pause()
 
 
 # -- metric series -----------------------------------------------------------------------------------------
