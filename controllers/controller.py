@@ -52,11 +52,12 @@ from informers.resource import Object
 from .context import ControllerContext, ReconcileContext, ReconcileStats
 from .events import EventRecorder
 from .finalizers import add_finalizer, has_finalizer, remove_finalizer
-from .metrics import reconcile_metrics
+from .metrics import read_your_writes_metrics, reconcile_metrics
 from .owners import owner_requests
 from .predicates import Predicate, WatchEvent, WatchEventType, fields_match
 from .priority import add_priority, update_priority
 from .ratelimiter import RateLimiter
+from .read_your_writes import ReadYourWrites
 from .reconcile import Request, Result
 from .keyed_loop import KeyedLoop, still_in_term
 from .workqueue import WorkQueue
@@ -289,7 +290,13 @@ class Controller:
         self.queue = queue
         self.stats = ctx.reconcile_stats
         events = EventRecorder(ctx.client, self.name, socket.gethostname()) if ctx.client is not None else None
-        loop = KeyedLoop(self.name, queue, lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events)),
+        barrier = None
+        if ctx.read_your_writes > 0 and ctx.client is not None:
+            barrier = ctx.write_observer = ReadYourWrites(
+                self.name, ctx.informers_of, ctx.read_your_writes,
+                read_your_writes_metrics(self.name, self._metrics_registry))
+        loop = KeyedLoop(self.name, queue,
+                         lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events), barrier),
                          workers=self.workers, fence=ctx.fence, stats=self.stats,
                          metrics=reconcile_metrics(self.name, self._metrics_registry),
                          log=ctx.log.bind(controller=self.name), max_retries=self.max_retries)
@@ -321,8 +328,19 @@ class Controller:
         api_version = self._primary.group_version
         return lambda obj: owner_requests(obj, api_version, kind, controller_only=True, namespaced=namespaced)
 
-    async def _handle(self, rc: ReconcileContext) -> Result | None:
-        """One request: the finalizer's part, then ``reconcile``, unless the object is being deleted."""
+    async def _handle(self, rc: ReconcileContext, barrier: ReadYourWrites | None) -> Result | None:
+        """One request, once its earlier writes show in the caches (``barrier``): the finalizer's part, then
+        ``reconcile``, unless the object is being deleted."""
+        if barrier is None:
+            return await self._reconcile(rc)
+        await barrier.settle(rc.request)
+        token = barrier.reconciling(rc.request)
+        try:
+            return await self._reconcile(rc)
+        finally:
+            barrier.done(token)
+
+    async def _reconcile(self, rc: ReconcileContext) -> Result | None:
         if self.finalizer is not None:
             req = rc.request
             obj = rc.lister().get(req.name, req.namespace)
