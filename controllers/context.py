@@ -24,13 +24,11 @@ from informers.resource import ResourceClient, WriteObserver
 from .cluster import display_name
 from .events import EventRecorder
 from .fence import OPEN, Fence, fenced
+from .read_your_writes import DEFAULT_READ_YOUR_WRITES
 from .reconcile import Request
 
 if TYPE_CHECKING:
     from loguru import Logger
-
-# The read_your_writes setting's default, in seconds (see read_your_writes.py).
-DEFAULT_READ_YOUR_WRITES = 2.0
 
 
 @dataclass

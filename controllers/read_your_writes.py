@@ -32,6 +32,8 @@ from informers.resource import Object
 from .metrics import ReadYourWritesMetrics
 from .reconcile import Request
 
+# The read_your_writes setting's default: the bound on a reconcile's wait, in seconds.
+DEFAULT_READ_YOUR_WRITES = 2.0
 # The barrier and request of the reconcile running in this task (each worker is a task of its own).
 _CURRENT: ContextVar[tuple["ReadYourWrites", Request] | None] = ContextVar("read_your_writes", default=None)
 # A request's writes are swept once this many requests have some pending (then at twice the survivors).
