@@ -65,8 +65,7 @@ class ControllerContext:
     the member cluster the controller runs in (multi-cluster mode; None otherwise), also bound to ``log``. Without a
     ``source``, only ``informers`` can be looked up (a Controller run without a manager makes such a context).
     ``read_your_writes``: how long at most a reconcile waits for its request's earlier writes to show in the caches
-    (0: it does not; the Controller helper installs the barrier, ``read_your_writes.py``, as ``write_observer``,
-    which every ``resource_client`` made afterwards tells of its writes).
+    (0: it does not; the Controller helper installs the barrier, ``read_your_writes.py``, with ``observe_writes``).
     """
 
     def __init__(self, name: str, informers: dict[GVR, SharedIndexInformer], source: InformerSource | None = None,
@@ -84,7 +83,7 @@ class ControllerContext:
         self.resync_period = resync_period
         self.priority_queue = priority_queue
         self.read_your_writes = read_your_writes
-        self.write_observer: WriteObserver | None = None
+        self._write_observer: WriteObserver | None = None
         self.reconcile_stats = reconcile_stats if reconcile_stats is not None else ReconcileStats()
         self.log = logger.bind(controller=name) if cluster is None else \
             logger.bind(controller=name, cluster=display_name(cluster))
@@ -122,8 +121,14 @@ class ControllerContext:
         found = self._clients.get(gvr)
         if found is None:
             found = self._clients[gvr] = ResourceClient(self.require_client(), gvr, field_manager=self.name,
-                                                        mapper=self.mapper, observer=self.write_observer)
+                                                        mapper=self.mapper, observer=self._write_observer)
         return found
+
+    def observe_writes(self, observer: WriteObserver) -> None:
+        """Have every ``resource_client`` (made already or later) tell ``observer`` of its writes."""
+        self._write_observer = observer
+        for client in self._clients.values():
+            client.observer = observer
 
     def informers_of(self, gvr: GVR) -> list[SharedIndexInformer]:
         """The informers this controller may read ``gvr``'s objects from: its whole one and its metadata-only one,

@@ -29,6 +29,8 @@ these differences, and why:
   only while it still carries the finalizer: the cache may still show a finalizer just removed, and one deletion
   must not be finalized twice. A failing ``finalize`` is retried like a failing reconcile; the object stays.
 - Each worker checks the context's fence locally before every item (see ``fence.py``).
+- A request's reconcile starts once the writes its earlier reconciles made show in the caches, waiting at most the
+  context's ``read_your_writes`` (``read_your_writes.py``; controller-runtime waits inside its cached client's reads).
 - ``metadata_only=True`` (controller-runtime's ``OnlyMetadata``) takes a source's events from the metadata-only
   cache of its GVR (``gvr.only_metadata()``, which the ManagedController must require in place of the GVR):
   ``PartialObjectMetadata`` objects, enough for owner references, labels and finalizers at a fraction of the
@@ -292,9 +294,9 @@ class Controller:
         events = EventRecorder(ctx.client, self.name, socket.gethostname()) if ctx.client is not None else None
         barrier = None
         if ctx.read_your_writes > 0 and ctx.client is not None:
-            barrier = ctx.write_observer = ReadYourWrites(
-                self.name, ctx.informers_of, ctx.read_your_writes,
-                read_your_writes_metrics(self.name, self._metrics_registry))
+            barrier = ReadYourWrites(self.name, ctx.informers_of, ctx.read_your_writes,
+                                     read_your_writes_metrics(self.name, self._metrics_registry))
+            ctx.observe_writes(barrier)
         loop = KeyedLoop(self.name, queue,
                          lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events), barrier),
                          workers=self.workers, fence=ctx.fence, stats=self.stats,

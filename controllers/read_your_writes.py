@@ -21,7 +21,7 @@ why:
 from __future__ import annotations
 
 import asyncio
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Callable
 
 from loguru import logger
@@ -91,14 +91,14 @@ class ReadYourWrites:
         self._pending: dict[Request, dict[tuple[GVR, str], _Write]] = {}
         self._sweep_at = _SWEEP_AT
 
-    def reconciling(self, request: Request) -> object:
+    def reconciling(self, request: Request) -> Token[tuple[ReadYourWrites, Request] | None]:
         """Attribute this task's writes to ``request`` from now on; give the result to ``done``."""
         return _CURRENT.set((self, request))
 
     @staticmethod
-    def done(token: object) -> None:
+    def done(token: Token[tuple[ReadYourWrites, Request] | None]) -> None:
         """Stop attributing this task's writes (``token``: what ``reconciling`` returned)."""
-        _CURRENT.reset(token)  # type: ignore[arg-type]
+        _CURRENT.reset(token)
 
     async def settle(self, request: Request) -> None:
         """Wait, up to ``timeout``, until the writes of ``request``'s earlier reconciles show in the caches; a
