@@ -140,6 +140,9 @@ class ReadYourWrites:
         current = _CURRENT.get()
         if current is None or current[0] is not self:
             return
+        informers = self._informers_of(gvr)
+        if not informers:
+            return  # the controller does not read this GVR from a cache
         request = current[1]
         key = f"{namespace}/{name}" if namespace else name
         writes = self._pending.get(request)
@@ -148,7 +151,7 @@ class ReadYourWrites:
                 self._sweep()
             writes = self._pending[request] = {}
         now = asyncio.get_running_loop().time()
-        for informer in self._informers_of(gvr):
+        for informer in informers:
             slot = (informer.gvr, key)
             if gone and uid is None:
                 # The UID of what is to go: the one written before in this request, else the cached one.
