@@ -97,6 +97,9 @@ async def test_writes_of_other_requests_and_outside_reconciles_are_not_waited_fo
         in_reconcile(b, lambda: b.wrote(A, cm("x", "8")), Request("other", "ns"))
         await asyncio.wait_for(b.settle(REQ), 0.5)
         assert b.metrics.caught_up + b.metrics.timeouts == 0
+        uncached = barrier()  # a GVR the controller has no informer of
+        in_reconcile(uncached, lambda: uncached.wrote(A, cm("x", "9")))
+        assert not uncached._pending
     finally:
         await inf.stop()
 
