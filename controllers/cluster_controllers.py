@@ -22,6 +22,7 @@ from .cluster import Cluster, ClusterContext, NamedLocks, display_name, qualifie
 from .fence import OPEN, Fence
 from .health import HealthItem
 from .manager import ControllerManager, ManagedController
+from .read_your_writes import DEFAULT_READ_YOUR_WRITES
 
 
 class ClusterControllers:
@@ -35,13 +36,14 @@ class ClusterControllers:
         workers: int = 1, resync_period: float | None = None, stop_timeout: float = 30.0,
         start_timeout: float = 60.0, supervisor: Supervisor | None = None,
         metrics_registry: CollectorRegistry | None = None, priority_queue: bool = True,
+        read_your_writes: float = DEFAULT_READ_YOUR_WRITES,
     ) -> None:
         self.controllers = dict(controllers)
         self.name = name
         self._options: dict[str, Any] = dict(
             fence=fence, workers=workers, resync_period=resync_period, stop_timeout=stop_timeout,
             start_timeout=start_timeout, supervisor=supervisor, metrics_registry=metrics_registry,
-            priority_queue=priority_queue)
+            priority_queue=priority_queue, read_your_writes=read_your_writes)
         self._managers: dict[str, ControllerManager] = {}
         self._stuck: dict[str, list[str]] = {}  # cluster name -> its controllers that did not stop
         self._closed = False  # stopped: a cluster engaged late gets no manager (nobody would stop it)

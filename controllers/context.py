@@ -19,11 +19,12 @@ from loguru import logger
 
 from informers import GVR, ApiClient, HandlerRegistration, InformerSource, Lister, SharedIndexInformer
 from informers.mapper import RESTMapper
-from informers.resource import ResourceClient
+from informers.resource import ResourceClient, WriteObserver
 
 from .cluster import display_name
 from .events import EventRecorder
 from .fence import OPEN, Fence, fenced
+from .read_your_writes import DEFAULT_READ_YOUR_WRITES
 from .reconcile import Request
 
 if TYPE_CHECKING:
@@ -63,12 +64,15 @@ class ControllerContext:
     reconciles; the manager passes one per managed controller, shared by its successive instances. ``cluster`` is
     the member cluster the controller runs in (multi-cluster mode; None otherwise), also bound to ``log``. Without a
     ``source``, only ``informers`` can be looked up (a Controller run without a manager makes such a context).
+    ``read_your_writes``: how long at most a reconcile waits for its request's earlier writes to show in the caches
+    (0: it does not; the Controller helper installs the barrier, ``read_your_writes.py``, with ``observe_writes``).
     """
 
     def __init__(self, name: str, informers: dict[GVR, SharedIndexInformer], source: InformerSource | None = None,
                  client: ApiClient | None = None, workers: int = 1, resync_period: float | None = None,
                  fence: Fence = OPEN, reconcile_stats: ReconcileStats | None = None,
-                 cluster: str | None = None, priority_queue: bool = True) -> None:
+                 cluster: str | None = None, priority_queue: bool = True,
+                 read_your_writes: float = DEFAULT_READ_YOUR_WRITES) -> None:
         self.name = name
         self.cluster = cluster
         self.informers = informers
@@ -78,6 +82,8 @@ class ControllerContext:
         self.workers = workers
         self.resync_period = resync_period
         self.priority_queue = priority_queue
+        self.read_your_writes = read_your_writes
+        self._write_observer: WriteObserver | None = None
         self.reconcile_stats = reconcile_stats if reconcile_stats is not None else ReconcileStats()
         self.log = logger.bind(controller=name) if cluster is None else \
             logger.bind(controller=name, cluster=display_name(cluster))
@@ -115,7 +121,24 @@ class ControllerContext:
         found = self._clients.get(gvr)
         if found is None:
             found = self._clients[gvr] = ResourceClient(self.require_client(), gvr, field_manager=self.name,
-                                                        mapper=self.mapper)
+                                                        mapper=self.mapper, observer=self._write_observer)
+        return found
+
+    def observe_writes(self, observer: WriteObserver) -> None:
+        """Have every ``resource_client`` (made already or later) tell ``observer`` of its writes."""
+        self._write_observer = observer
+        for client in self._clients.values():
+            client.observer = observer
+
+    def informers_of(self, gvr: GVR) -> list[SharedIndexInformer]:
+        """The informers this controller may read ``gvr``'s objects from: its whole one and its metadata-only one,
+        those it has."""
+        found = []
+        for key in (gvr.full, gvr.full.only_metadata()):
+            try:
+                found.append(self.informer(key))
+            except KeyError:
+                pass
         return found
 
     def add_event_handler(self, informer: SharedIndexInformer | GVR, handler: Any,

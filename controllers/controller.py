@@ -29,6 +29,8 @@ these differences, and why:
   only while it still carries the finalizer: the cache may still show a finalizer just removed, and one deletion
   must not be finalized twice. A failing ``finalize`` is retried like a failing reconcile; the object stays.
 - Each worker checks the context's fence locally before every item (see ``fence.py``).
+- A request's reconcile starts once the writes its earlier reconciles made show in the caches, waiting at most the
+  context's ``read_your_writes`` (``read_your_writes.py``; controller-runtime waits inside its cached client's reads).
 - ``metadata_only=True`` (controller-runtime's ``OnlyMetadata``) takes a source's events from the metadata-only
   cache of its GVR (``gvr.only_metadata()``, which the ManagedController must require in place of the GVR):
   ``PartialObjectMetadata`` objects, enough for owner references, labels and finalizers at a fraction of the
@@ -52,11 +54,12 @@ from informers.resource import Object
 from .context import ControllerContext, ReconcileContext, ReconcileStats
 from .events import EventRecorder
 from .finalizers import add_finalizer, has_finalizer, remove_finalizer
-from .metrics import reconcile_metrics
+from .metrics import read_your_writes_metrics, reconcile_metrics
 from .owners import owner_requests
 from .predicates import Predicate, WatchEvent, WatchEventType, fields_match
 from .priority import add_priority, update_priority
 from .ratelimiter import RateLimiter
+from .read_your_writes import ReadYourWrites
 from .reconcile import Request, Result
 from .keyed_loop import KeyedLoop, still_in_term
 from .workqueue import WorkQueue
@@ -289,7 +292,13 @@ class Controller:
         self.queue = queue
         self.stats = ctx.reconcile_stats
         events = EventRecorder(ctx.client, self.name, socket.gethostname()) if ctx.client is not None else None
-        loop = KeyedLoop(self.name, queue, lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events)),
+        barrier = None
+        if ctx.read_your_writes > 0 and ctx.client is not None:
+            barrier = ReadYourWrites(self.name, ctx.informers_of, ctx.read_your_writes,
+                                     read_your_writes_metrics(self.name, self._metrics_registry))
+            ctx.observe_writes(barrier)
+        loop = KeyedLoop(self.name, queue,
+                         lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events), barrier),
                          workers=self.workers, fence=ctx.fence, stats=self.stats,
                          metrics=reconcile_metrics(self.name, self._metrics_registry),
                          log=ctx.log.bind(controller=self.name), max_retries=self.max_retries)
@@ -321,8 +330,19 @@ class Controller:
         api_version = self._primary.group_version
         return lambda obj: owner_requests(obj, api_version, kind, controller_only=True, namespaced=namespaced)
 
-    async def _handle(self, rc: ReconcileContext) -> Result | None:
-        """One request: the finalizer's part, then ``reconcile``, unless the object is being deleted."""
+    async def _handle(self, rc: ReconcileContext, barrier: ReadYourWrites | None) -> Result | None:
+        """One request, once its earlier writes show in the caches (``barrier``): the finalizer's part, then
+        ``reconcile``, unless the object is being deleted."""
+        if barrier is None:
+            return await self._reconcile(rc)
+        await barrier.settle(rc.request)
+        token = barrier.reconciling(rc.request)
+        try:
+            return await self._reconcile(rc)
+        finally:
+            barrier.done(token)
+
+    async def _reconcile(self, rc: ReconcileContext) -> Result | None:
         if self.finalizer is not None:
             req = rc.request
             obj = rc.lister().get(req.name, req.namespace)

@@ -39,6 +39,7 @@ from informers.discovery import NOTHING_PROVIDES
 from informers.metrics import MetricSet
 
 from .context import ControllerContext, ReconcileStats
+from .read_your_writes import DEFAULT_READ_YOUR_WRITES
 from .fence import OPEN, Fence
 from .health import HealthItem
 
@@ -186,7 +187,7 @@ class ControllerManager:
     ``create``; ``stop_timeout`` is how long a cancelled controller may take to end before it is ``stuck``.
     The pass loop runs under ``supervisor`` (a private one if not given): a pass that raises is logged and the
     loop restarted, and the process's ``/healthz`` can tell. ``cluster``: the member cluster it serves, if any
-    (handed to every context), as are ``workers``, ``resync_period`` and ``priority_queue``.
+    (handed to every context), as are ``workers``, ``resync_period``, ``priority_queue`` and ``read_your_writes``.
     """
 
     def __init__(
@@ -194,7 +195,7 @@ class ControllerManager:
         stop_timeout: float = 30.0, start_timeout: float = 60.0, backoff: Callable[[], Backoff] | None = None,
         metrics_registry: CollectorRegistry | None = None, client: ApiClient | None = None, workers: int = 1,
         resync_period: float | None = None, fence: Fence = OPEN, supervisor: Supervisor | None = None,
-        cluster: str | None = None, priority_queue: bool = True,
+        cluster: str | None = None, priority_queue: bool = True, read_your_writes: float = DEFAULT_READ_YOUR_WRITES,
     ) -> None:
         self.name = CONTROLLER_NAME_PREFIX + suffix
         self.source = informer_source
@@ -202,6 +203,7 @@ class ControllerManager:
         self.workers = workers
         self.resync_period = resync_period
         self.priority_queue = priority_queue
+        self.read_your_writes = read_your_writes
         self.stop_timeout = stop_timeout
         self.start_timeout = start_timeout
         self.fence = fence
@@ -336,7 +338,7 @@ class ControllerManager:
     def _start(self, r: _Runner, informers: dict[GVR, SharedIndexInformer]) -> None:
         ctx = ControllerContext(r.name, informers, self.source, self.client, self.workers, self.resync_period,
                                 fence=self.fence, reconcile_stats=r.status.reconciles, cluster=self.cluster,
-                                priority_queue=self.priority_queue)
+                                priority_queue=self.priority_queue, read_your_writes=self.read_your_writes)
         r.ctx = ctx
         r.stopping = False
         r.status.state = "starting"

@@ -13,7 +13,10 @@ histograms).
 - ``controller_runtime_reconcile_errors_total{controller}`` and
   ``controller_runtime_terminal_reconcile_errors_total{controller}`` (a ``TerminalError`` counts in both);
 - ``controller_runtime_reconcile_time_seconds{controller}``: a histogram of reconcile durations;
-- ``controller_runtime_active_workers{controller}``, ``controller_runtime_max_concurrent_reconciles{controller}``.
+- ``controller_runtime_active_workers{controller}``, ``controller_runtime_max_concurrent_reconciles{controller}``;
+- ``controller_read_your_writes_waits_total{controller,result}`` (``caught_up``, ``timeout``) and
+  ``controller_read_your_writes_wait_seconds{controller}``: the reconciles that had to wait for their own
+  earlier writes to show in the caches (``read_your_writes.py``; ours, controller-runtime has none).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ RESULTS: tuple[ReconcileResult, ...] = ("success", "error", "requeue", "requeue_
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
            1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0,
            40.0, 50.0, 60.0)
+# A read-your-writes wait is one watch event's latency when all goes well, and at most the bound (a few seconds).
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 class ReconcileMetrics:
@@ -55,12 +60,32 @@ class ReconcileMetrics:
         self.durations.observe(seconds)
 
 
+class ReadYourWritesMetrics:
+    """The read-your-writes waits of one controller name; ``observe`` records one."""
+
+    __slots__ = ("caught_up", "timeouts", "durations")
+
+    def __init__(self) -> None:
+        self.caught_up = 0
+        self.timeouts = 0
+        self.durations = Histogram(WAIT_BUCKETS)
+
+    def observe(self, caught_up: bool, seconds: float) -> None:
+        """A reconcile waited ``seconds`` for its earlier writes, which then showed (``caught_up``) or not."""
+        if caught_up:
+            self.caught_up += 1
+        else:
+            self.timeouts += 1
+        self.durations.observe(seconds)
+
+
 class _Collector(MetricSet):
     """Exposes the ``ReconcileMetrics`` of every controller name of a registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
         self.controllers: dict[str, ReconcileMetrics] = {}
+        self.read_your_writes: dict[str, ReadYourWritesMetrics] = {}
         registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
@@ -85,6 +110,16 @@ class _Collector(MetricSet):
             active.add_metric([name], m.active_workers)
             limit.add_metric([name], m.max_concurrent_reconciles)
         yield from (total, errors, terminal, duration, active, limit)
+        waits = CounterMetricFamily("controller_read_your_writes_waits_total", "Reconciles that waited for their "
+                                    "own earlier writes to show in the caches, by outcome.",
+                                    labels=["controller", "result"])
+        waited = HistogramMetricFamily("controller_read_your_writes_wait_seconds", "How long reconciles waited for "
+                                       "their own earlier writes to show in the caches.", labels=["controller"])
+        for name, r in sorted(self.read_your_writes.items()):
+            waits.add_metric([name, "caught_up"], r.caught_up)
+            waits.add_metric([name, "timeout"], r.timeouts)
+            waited.add_metric([name], Histogram.buckets([r.durations]), r.durations.total)
+        yield from (waits, waited)
 
 
 def reconcile_metrics(controller: str, registry: CollectorRegistry | None = None) -> ReconcileMetrics:
@@ -94,6 +129,15 @@ def reconcile_metrics(controller: str, registry: CollectorRegistry | None = None
     found = controllers.get(controller)
     if found is None:
         found = controllers[controller] = ReconcileMetrics()
+    return found
+
+
+def read_your_writes_metrics(controller: str, registry: CollectorRegistry | None = None) -> ReadYourWritesMetrics:
+    """As ``reconcile_metrics``, the read-your-writes record of ``controller``."""
+    records = _Collector.for_registry(registry).read_your_writes
+    found = records.get(controller)
+    if found is None:
+        found = records[controller] = ReadYourWritesMetrics()
     return found
 
 

@@ -18,7 +18,7 @@ What controller-runtime's ``client.Client`` and client-go's dynamic client do, w
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .client import ApiClient
 from .errors import Gone, UnsupportedMediaType
@@ -38,6 +38,16 @@ _CONTENT_TYPES: dict[str, str] = {
 }
 
 
+class WriteObserver(Protocol):
+    """Told of each write a ResourceClient has made (dry runs excepted), once the server has answered it."""
+
+    def wrote(self, gvr: GVR, answer: Object) -> None:
+        """A create, update, patch or apply (of the object or its status) answered with ``answer``."""
+
+    def deleted(self, gvr: GVR, namespace: str | None, name: str, uid: str | None, answer: Object | None) -> None:
+        """A delete (of ``uid`` when it was a precondition) answered with the object, or None for a Status."""
+
+
 class ResourceClient:
     """The verbs of one GVR, and of its ``status`` subresource, for namespaced and cluster-scoped resources alike.
 
@@ -45,13 +55,16 @@ class ResourceClient:
     resource is namespaced; share one ``RESTMapper`` between clients to discover once. ``field_manager`` names
     this client's writes in ``managedFields`` unless a call names another. Every write takes ``dry_run=True``:
     the server validates and admits it, and answers with the result, without persisting anything.
+    ``observer`` is told of every write that persisted (a controller's read-your-writes barrier).
     """
 
     def __init__(self, api: ApiClient, gvr: GVR, *, namespaced: bool | None = None,
-                 field_manager: str | None = None, mapper: RESTMapper | None = None) -> None:
+                 field_manager: str | None = None, mapper: RESTMapper | None = None,
+                 observer: WriteObserver | None = None) -> None:
         self.api = api
         self.gvr = gvr
         self.field_manager = field_manager
+        self.observer = observer
         self._namespaced = namespaced
         self._mapper = mapper
 
@@ -97,6 +110,8 @@ class ResourceClient:
         """Create ``obj`` (in its ``metadata.namespace``); ``AlreadyExists`` if the name is taken."""
         path = await self._path(_namespace(obj))
         created: Object = await self.api.request("POST", path, self._params(dry_run, field_manager), obj)
+        if self.observer is not None and not dry_run:
+            self.observer.wrote(self.gvr, created)
         return created
 
     async def update(self, obj: Object, *, dry_run: bool = False, field_manager: str | None = None) -> Object:
@@ -150,7 +165,10 @@ class ResourceClient:
         if dry_run:
             options["dryRun"] = ["All"]
         answer = await self.api.request("DELETE", await self._path(namespace, name), body=options)
-        return answer if isinstance(answer, dict) and answer.get("kind") != "Status" else None
+        obj = answer if isinstance(answer, dict) and answer.get("kind") != "Status" else None
+        if self.observer is not None and not dry_run:
+            self.observer.deleted(self.gvr, namespace, name, uid, obj)
+        return obj
 
     # -- helpers -----------------------------------------------------------------------------------------
     async def _put(self, obj: Object, subresource: str | None, dry_run: bool, field_manager: str | None) -> Object:
@@ -159,6 +177,8 @@ class ResourceClient:
                              "was read at); use apply or a patch to write regardless of concurrent changes")
         path = await self._path(_namespace(obj), _name(obj), subresource)
         updated: Object = await self.api.request("PUT", path, self._params(dry_run, field_manager), obj)
+        if self.observer is not None and not dry_run:
+            self.observer.wrote(self.gvr, updated)
         return updated
 
     async def _patch(self, name: str, namespace: str | None, patch: Any, type: PatchType, subresource: str | None,
@@ -181,6 +201,8 @@ class ResourceClient:
             raise UnsupportedMediaType(
                 e.status, e.reason, f"{self.gvr} does not support strategic merge patches (custom resources and "
                 "aggregated APIs do not): use a merge, JSON or apply patch", e.body, e.retry_after) from e
+        if self.observer is not None and not dry_run:
+            self.observer.wrote(self.gvr, patched)
         return patched
 
     def _params(self, dry_run: bool, field_manager: str | None) -> dict[str, str]:

@@ -203,6 +203,7 @@ class SharedIndexInformer:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._error_listeners: list[Callable[[Exception], None]] = []
+        self._change_waiters: list[asyncio.Future[None]] = []
         self.reflector = Reflector(
             client, gvr, self, namespace=namespace, label_selector=label_selector, field_selector=field_selector,
             options=options, metrics=self._metrics, on_error=self._reflector_error,
@@ -233,6 +234,36 @@ class SharedIndexInformer:
     def started(self) -> bool:
         """Whether ``start()`` has been called."""
         return self._task is not None
+
+    async def wait_for_change(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``ready()`` holds, testing it now and after each change to the cache (a watch event applied,
+        a relist); False if it still does not after ``timeout`` seconds. ``resource_version`` already names the
+        change when ``ready`` is tested. A cache that does not change costs nothing while nobody waits."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not ready():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            changed: asyncio.Future[None] = loop.create_future()
+            self._change_waiters.append(changed)
+            try:
+                async with asyncio.timeout(remaining):
+                    await changed
+            except TimeoutError:
+                return ready()
+            finally:
+                if changed in self._change_waiters:
+                    self._change_waiters.remove(changed)
+        return True
+
+    def _changed(self) -> None:
+        # The waiters run after the reflector has recorded the event's resourceVersion (it does so right after
+        # handing the event over, without awaiting in between).
+        waiters, self._change_waiters = self._change_waiters, []
+        for changed in waiters:
+            if not changed.done():
+                changed.set_result(None)
 
     def add_indexers(self, indexers: Mapping[str, IndexFunc]) -> None:
         """Add index functions (also on a running informer: the index is built at once)."""
@@ -349,6 +380,8 @@ class SharedIndexInformer:
             self._metrics.synced.labels(*self._series).set(1)
             for reg in regs:
                 reg._enqueue((_SYNCED, None, None))
+        if self._change_waiters:
+            self._changed()
 
     def apply(self, event_type: str, obj: Obj) -> None:
         """Apply one watch event to the cache and queue it for every handler."""
@@ -362,4 +395,6 @@ class SharedIndexInformer:
             item = (_ADD, obj, False) if old is None else (_UPDATE, old, obj)
         for reg in self._registrations:
             reg._enqueue(item)
+        if self._change_waiters:
+            self._changed()
 

@@ -94,4 +94,5 @@ class Process:
         """The keyword arguments every ControllerManager (and ClusterControllers) of the process takes."""
         s = self.settings
         return dict(workers=s.workers, resync_period=s.resync or None, start_timeout=s.start_timeout,
-                    stop_timeout=stop_timeout, supervisor=self.supervisor, priority_queue=s.priority_queue)
+                    stop_timeout=stop_timeout, supervisor=self.supervisor, priority_queue=s.priority_queue,
+                    read_your_writes=s.read_your_writes)

@@ -7,11 +7,13 @@ import asyncio
 
 class Proxy:
     """Forwards 127.0.0.1:<port> to a target port. ``freeze()`` stops forwarding on current connections while
-    keeping them open (a half-open stream); ``cut()`` closes them; ``refuse`` rejects new ones."""
+    keeping them open (a half-open stream); ``cut()`` closes them; ``refuse`` rejects new ones. ``delay``: seconds
+    by which what the target sends reaches the client, on connections accepted from then on (a slow watch)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.refuse = False
+        self.delay = 0.0
         self.accepted = 0
         # (client side, upstream side, frozen, cut): a frozen pipe swallows data until the connection is cut
         self._conns: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter, asyncio.Event, asyncio.Event]] = []
@@ -38,7 +40,8 @@ class Proxy:
         entry = (writer, up_writer, frozen, cut)
         self._conns.append(entry)
         try:
-            await asyncio.gather(self._pipe(reader, up_writer, frozen, cut), self._pipe(up_reader, writer, frozen, cut))
+            await asyncio.gather(self._pipe(reader, up_writer, frozen, cut), self._pipe(up_reader, writer, frozen, cut,
+                                                                                     self.delay))
         finally:
             for w in (writer, up_writer):
                 w.close()
@@ -46,7 +49,20 @@ class Proxy:
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frozen: asyncio.Event,
-                    cut: asyncio.Event) -> None:
+                    cut: asyncio.Event, delay: float = 0.0) -> None:
+        loop = asyncio.get_running_loop()
+        delayed: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def send_delayed() -> None:  # in order, each chunk ``delay`` after it was read
+            while True:
+                due, data = await delayed.get()
+                if not data:
+                    return
+                await asyncio.sleep(due - loop.time())
+                writer.write(data)
+                await writer.drain()
+
+        sender = asyncio.create_task(send_delayed()) if delay else None
         try:
             while True:
                 data = await reader.read(65536)
@@ -55,11 +71,20 @@ class Proxy:
                 if frozen.is_set():
                     await cut.wait()  # swallow: the peer sees silence, not a close, until the cut
                     break
+                if sender is not None:
+                    delayed.put_nowait((loop.time() + delay, data))
+                    continue
                 writer.write(data)
                 await writer.drain()
+            if sender is not None:
+                delayed.put_nowait((0.0, b""))
+                await sender
         except (ConnectionError, OSError):
             pass
         finally:
+            if sender is not None:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
             writer.close()
 
     def freeze(self) -> None:

@@ -184,6 +184,7 @@ CHECKS: dict[str, Check] = {
     "resync": duration(zero_means="turns resync off"),
     "workers": integer(1, MAX_WORKERS),
     "priority_queue": boolean,
+    "read_your_writes": duration(zero_means="turns read-your-writes off"),
     "check_permissions": boolean,
     "http_bind": host_port,
     "log_level": choice(LOG_LEVELS),

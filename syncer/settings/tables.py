@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
+from controllers.read_your_writes import DEFAULT_READ_YOUR_WRITES
 from controllers.providers.secrets import DEFAULT_LABEL_SELECTORS, DEFAULT_SECRET_TYPES
 from informers.discovering_factory import WatchMode
 
@@ -261,6 +262,8 @@ class Settings:
     - ``workers``: reconcile workers per controller, 1 to ``MAX_WORKERS``; ``priority_queue``: controllers' work
       queues serve live changes before the objects of initial lists (a controller starting, a member cluster
       joining) and resyncs, as controller-runtime's default priority queue (off: client-go's FIFO queue).
+      ``read_your_writes``: how long at most a reconcile waits until the writes that earlier reconciles of its
+      request made show in the controller's caches (``0`` = off: it reads whatever the caches hold).
     - ``http_bind``: ``host:port`` (port 1-65535) of the probes, ``/metrics`` and ``/status``.
     - ``log_level`` (any case of ``LOG_LEVELS``), ``log_format`` (``text`` or ``json``); ``log_libraries``: the
       level of named standard-library loggers. The libraries that see requests on the wire (hpack, h2, aiohttp,
@@ -300,6 +303,7 @@ class Settings:
     resync: float = 0.0
     workers: int = 2
     priority_queue: bool = True
+    read_your_writes: float = DEFAULT_READ_YOUR_WRITES
     check_permissions: bool = False
     http_bind: str = "127.0.0.1:8080"
     log_level: str = "INFO"

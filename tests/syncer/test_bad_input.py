@@ -301,7 +301,7 @@ CASES: dict[str, Case] = {
         "check_permissions, clusters, context, debug_endpoints, entry_point_plugins, exclude, field_selectors, "
         "full_rediscovery_interval, http2, http_bind, in_cluster, include, kubeconfig, leader_election, log_format, "
         "log_level, log_libraries, namespace, "
-        "plugin_settings, plugins, preferred_version_only, priority_queue, rediscovery_interval, resync, sharding, "
+        "plugin_settings, plugins, preferred_version_only, priority_queue, read_your_writes, rediscovery_interval, resync, sharding, "
         "shutdown_timeout, "
         "start_timeout, uvloop, warm_standby, watch, webhooks, workers"),
     "unknown-nested": Case(
