@@ -5,11 +5,9 @@ legacy per-group-version discovery on servers without it. A group-version whose 
 (stale in aggregated discovery, 503 or a time-out in legacy discovery) keeps its last known resources, marked
 stale, and never holds up the rest.
 
-An aggregated discovery document is parsed once per process, not once per client: the parsed form of the last
-few distinct documents is kept, keyed by the document's bytes, and shared (it is immutable). A fleet's members
-mostly run the same Kubernetes version with the same CRDs, so they send the same bytes; decoding them took most
-of a member's discovery CPU, and each member's own copy of ~70 ``ResourceInfo`` was most of its memory outside
-the caches.
+What discovery found is interned: equal ``ResourceInfo`` are one object in the process, whichever client found
+them. A fleet's members mostly run the same Kubernetes version with the same CRDs, and each member's own copy of
+~70 of them (with their strings and verb sets) was most of its memory outside the caches.
 
 Unlike client-go, whose ``ServerGroupsAndResources`` returns one aggregate error the caller must pick apart,
 a refusal of ``/api`` or ``/apis`` itself (401/403: the credentials or RBAC are wrong) is raised as its own
@@ -20,14 +18,12 @@ must be able to tell it apart and say so.
 from __future__ import annotations
 
 import asyncio
-import collections
 import difflib
-import types
+import weakref
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Awaitable, Iterable, Mapping, TypeVar
+from typing import Any, Awaitable, Iterable, TypeVar
 
-import orjson
 from loguru import logger
 
 from .client import CONNECTION_ERRORS, ApiClient
@@ -93,50 +89,17 @@ def not_served(gvr: GVR, served: Iterable[GVR]) -> str:
     return f"{NOTHING_PROVIDES}{hint}"
 
 
-@dataclass(frozen=True)
-class _Aggregated:
-    """What one aggregated discovery document says (read-only; shared by every client that received it)."""
-
-    resources: Mapping[GVR, ResourceInfo]
-    stale_group_versions: frozenset[str]
+# Every ResourceInfo some client holds, by value: a new equal one is replaced by it (``_interned``).
+_INTERNED: "weakref.WeakValueDictionary[tuple[Any, ...], ResourceInfo]" = weakref.WeakValueDictionary()
 
 
-_PARSED: "collections.OrderedDict[bytes, _Aggregated | None]" = collections.OrderedDict()
-_PARSED_KEPT = 8  # distinct documents: /api and /apis of a few server versions or CRD sets
-
-
-def _parsed_aggregated(raw: bytes) -> _Aggregated | None:
-    """The parsed document (None: not an ``APIGroupDiscoveryList``), from the cache when these bytes came before."""
-    try:
-        _PARSED.move_to_end(raw)
-        return _PARSED[raw]
-    except KeyError:
-        pass
-    doc = orjson.loads(raw) if raw else None
-    parsed = _read_aggregated(doc) if isinstance(doc, dict) and doc.get("kind") == "APIGroupDiscoveryList" else None
-    _PARSED[raw] = parsed
-    if len(_PARSED) > _PARSED_KEPT:
-        _PARSED.popitem(last=False)
-    return parsed
-
-
-def _read_aggregated(doc: dict[str, Any]) -> _Aggregated:
-    resources: dict[GVR, ResourceInfo] = {}
-    stale: set[str] = set()
-    for group in doc.get("items") or ():
-        gname = (group.get("metadata") or {}).get("name", "")
-        for i, version in enumerate(group.get("versions") or ()):
-            v = version["version"]
-            gv = f"{gname}/{v}" if gname else v
-            if version.get("freshness") == "Stale":
-                stale.add(gv)
-                continue
-            for res in version.get("resources") or ():
-                gvr = GVR(gname, v, res["resource"])
-                kind = (res.get("responseKind") or {}).get("kind", "")
-                resources[gvr] = ResourceInfo(
-                    gvr, kind, res.get("scope") == "Namespaced", frozenset(res.get("verbs") or ()), i == 0)
-    return _Aggregated(types.MappingProxyType(resources), frozenset(stale))
+def _interned(gvr: GVR, kind: str, namespaced: bool, verbs: Iterable[str], preferred: bool,
+              stale: bool = False) -> ResourceInfo:
+    key = (gvr, kind, namespaced, frozenset(verbs), preferred, stale)
+    info = _INTERNED.get(key)
+    if info is None:
+        info = _INTERNED[key] = ResourceInfo(*key)
+    return info
 
 
 class DiscoveryClient:
@@ -153,14 +116,11 @@ class DiscoveryClient:
         """One discovery pass over ``/api`` and ``/apis``."""
         result = DiscoveryResult()
         if self.aggregated is not False:
-            raws = await _all(*(self._get_bytes(p, result, _AGGREGATED) for p in ("/api", "/apis")))
-            docs = [_parsed_aggregated(raw) for raw in raws]
-            if all(doc is not None for doc in docs):
+            docs = await _all(*(self._get(p, result, _AGGREGATED) for p in ("/api", "/apis")))
+            if all(d.get("kind") == "APIGroupDiscoveryList" for d in docs):
                 self.aggregated = True
                 for doc in docs:
-                    assert doc is not None
-                    result.resources.update(doc.resources)
-                    result.stale_group_versions |= doc.stale_group_versions
+                    self._read_aggregated(doc, result)
             else:
                 self._log.info("server has no aggregated discovery; using per-group-version discovery")
                 self.aggregated = False
@@ -170,22 +130,35 @@ class DiscoveryClient:
         # Unavailable group-versions keep what was last known of them.
         for gvr, info in self._last.items():
             if gvr.group_version in result.stale_group_versions and gvr not in result.resources:
-                result.resources[gvr] = ResourceInfo(gvr, info.kind, info.namespaced, info.verbs, info.preferred, True)
+                result.resources[gvr] = _interned(gvr, info.kind, info.namespaced, info.verbs, info.preferred, True)
         self._last = result.resources
         return result
 
     async def _get(self, path: str, result: DiscoveryResult, accept: str = "application/json") -> dict:  # type: ignore[type-arg]
-        doc = orjson.loads(raw) if (raw := await self._get_bytes(path, result, accept)) else None
-        return doc if isinstance(doc, dict) else {}
-
-    async def _get_bytes(self, path: str, result: DiscoveryResult, accept: str) -> bytes:
         result.requests += 1
         try:
-            return await self.client.request_bytes("GET", path, headers={"Accept": accept}, timeout=self.timeout)
+            doc = await self.client.request("GET", path, headers={"Accept": accept}, timeout=self.timeout)
         except ApiError as e:
             if path in ("/api", "/apis") and e.status in (401, 403):
                 raise DiscoveryForbidden(e) from e
             raise
+        return doc if isinstance(doc, dict) else {}
+
+    @staticmethod
+    def _read_aggregated(doc: dict, result: DiscoveryResult) -> None:  # type: ignore[type-arg]
+        for group in doc.get("items") or ():
+            gname = (group.get("metadata") or {}).get("name", "")
+            for i, version in enumerate(group.get("versions") or ()):
+                v = version["version"]
+                gv = f"{gname}/{v}" if gname else v
+                if version.get("freshness") == "Stale":
+                    result.stale_group_versions.add(gv)
+                    continue
+                for res in version.get("resources") or ():
+                    gvr = GVR(gname, v, res["resource"])
+                    kind = (res.get("responseKind") or {}).get("kind", "")
+                    result.resources[gvr] = _interned(gvr, kind, res.get("scope") == "Namespaced",
+                                                      res.get("verbs") or (), i == 0)
 
     async def _legacy(self, result: DiscoveryResult) -> None:
         core, groups = await _all(self._get("/api", result), self._get("/apis", result))
@@ -208,8 +181,8 @@ class DiscoveryClient:
             if "/" in res["name"]:
                 continue  # subresource
             gvr = GVR(group, version, res["name"])
-            result.resources[gvr] = ResourceInfo(
-                gvr, res.get("kind", ""), bool(res.get("namespaced")), frozenset(res.get("verbs") or ()), preferred)
+            result.resources[gvr] = _interned(gvr, res.get("kind", ""), bool(res.get("namespaced")),
+                                              res.get("verbs") or (), preferred)
 
 
 async def _all(*aws: Awaitable[_T]) -> list[_T]:
