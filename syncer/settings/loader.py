@@ -198,8 +198,11 @@ def _read(path: str | None, ignored: frozenset[str] = frozenset()) -> dict[str, 
 
     file_keys = {_setting_name(k) for k in flatten(_read_toml(path))} if path is not None else set()
     try:
-        raw = Dynaconf(envvar_prefix=ENV_PREFIX, settings_files=[path] if path else [], environments=False,
-                       merge_enabled=False).as_dict()
+        # Absolute: dynaconf looks a relative name up from this module's directory and its parents first, so
+        # ``--settings s.toml`` would read any s.toml above the installed package instead of the one in the
+        # working directory.
+        raw = Dynaconf(envvar_prefix=ENV_PREFIX, settings_files=[str(Path(path).resolve())] if path else [],
+                       environments=False, merge_enabled=False).as_dict()
     except Exception as e:  # dynaconf raises many types, e.g. for a bad '@cast' in an environment variable
         raise SettingsError(f"cannot read the settings: {type(e).__name__}: {e}") from None
     for name in ignored:  # dynaconf read them as top-level keys

@@ -265,3 +265,15 @@ def test_testing_section_passes_in_a_project_with_an_empty_configuration(tmp_pat
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "2 passed" in out, out
     assert "warning" not in out.lower(), out
+
+
+def test_the_read_your_writes_sketch_defines_a_controller() -> None:
+    """The read-your-writes block of "Controllers" (a ``py`` block: a fragment for a ControllerManager) runs as
+    written and declares a controller of ConfigMaps (the behaviour itself: tests/controllers/
+    test_read_your_writes_integration.py)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("**Read your own writes.**", 1)[1]
+    [code] = re.findall(r"^```py\n(.*?)^```$", section, re.S | re.M)[:1]
+    scope: dict[str, Any] = {}
+    exec(compile(code, "README read-your-writes", "exec"), scope)
+    assert [str(g) for g in scope["counter"].required_gvrs] == ["configmaps.v1"]

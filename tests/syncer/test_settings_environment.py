@@ -4,6 +4,9 @@ settings."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,19 @@ def test_the_priority_queue_is_on_by_default_and_a_setting_turns_it_off(monkeypa
     off.write_text('priority_queue = "no"\n')
     with pytest.raises(SettingsError, match="setting 'priority_queue' must be true or false, got 'no'"):
         load_settings(str(off))
+
+
+
+def test_a_relative_settings_path_is_the_working_directorys(tmp_path: Path) -> None:
+    """dynaconf looks a relative settings file up from the invoked script's directory and its parents first (for
+    the ``syncer`` command: the virtualenv's bin): a file of that name there must not be read instead."""
+    script_dir, cwd = tmp_path / "bin", tmp_path / "work"
+    script_dir.mkdir()
+    cwd.mkdir()
+    (tmp_path / "s.toml").write_text("workers = 3\n")  # above the script, as /tmp/s.toml is above a venv in /tmp
+    (cwd / "s.toml").write_text("workers = 5\n")
+    script = script_dir / "syncer-like"
+    script.write_text("from syncer.settings import load_settings\nprint(load_settings('s.toml').workers)\n")
+    out = subprocess.run([sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.stdout.strip() == "5", out.stderr
