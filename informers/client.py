@@ -350,6 +350,12 @@ class ApiClient:
         """How many requests have failed with a connection error so far."""
         return self._errors
 
+    def went_away(self) -> None:
+        """The server said it is shutting down (its 503 during a graceful termination): counted as a connection
+        error, so that the next answer to a request sent after it is the server answering again, although no
+        connection was refused in between (a restart quicker than the retries)."""
+        self._errors += 1
+
     async def answered_again(self, since: int) -> None:
         """Return once ``recoveries`` exceeds ``since`` (at once if it already does).
 
@@ -439,6 +445,9 @@ class _FencedClient(ApiClient):
     @property
     def connection_errors(self) -> int:
         return self._inner.connection_errors
+
+    def went_away(self) -> None:
+        self._inner.went_away()
 
     @property
     def connections(self) -> int:

@@ -250,6 +250,8 @@ class Reflector:
                     # for a full second: retry sooner, doubling up to what the server asked.
                     delay = min(delay, self._init_backoff.next())
             else:
+                if e.status == 503 and "shutting down" in e.message:
+                    self.client.went_away()  # what answers next is the restarted server: an outage's end
                 self._require_relist(f"http_{e.status}")
             level = "WARNING" if e.status in (401, 403, 404) else "DEBUG" if "initializing" in e.message else "INFO"
             self._log.log(level, "{} of {} failed ({}); retrying in {:.1f}s", what, self.gvr, e, delay)
