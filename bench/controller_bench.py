@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import disc_common as dc  # noqa: E402
 
 from controllers import Controller, ControllerManager, ManagedController, Request  # noqa: E402
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceFilter  # noqa: E402
+from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, ResourceFilter  # noqa: E402
 from loguru import logger  # noqa: E402
 from syncer.testing import ControlPlane  # noqa: E402
 
@@ -106,7 +106,8 @@ async def run(args: argparse.Namespace, cp: ControlPlane, logdir: Path) -> dict[
                                         logdir / "stamp-controller.log")
     apply_groups, post_groups = groups("cs", args.crds), groups("cp", args.post_crds)
     rec = Recorder()
-    f = DiscoveringDynamicSharedInformerFactory(client, filter=ResourceFilter(include=["bench-c*.example.com/*"]))
+    f = DiscoveringDynamicSharedInformerFactory(
+        client, DiscoveryOptions(filter=ResourceFilter(include=["bench-c*.example.com/*"])))
     await f.start()
     controllers = {g: rec.managed(GVR(g, "v1", dc.PLURAL)) for g in apply_groups + post_groups}
     manager = ControllerManager("bench", f, controllers, client=client)

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import disc_common as dc  # noqa: E402
 
-from informers import ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceFilter  # noqa: E402
+from informers import ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, ResourceFilter  # noqa: E402
 
 
 def out(**kw: object) -> None:
@@ -57,7 +57,7 @@ async def main() -> None:
         asyncio.sslproto.SSLProtocol.max_size = args.ssl_read_buffer
     client = ApiClient.from_kubeconfig(args.kubeconfig)
     port = urlparse(client.host).port or 443
-    f = DiscoveringDynamicSharedInformerFactory(client, filter=ResourceFilter(include=[args.include]))
+    f = DiscoveringDynamicSharedInformerFactory(client, DiscoveryOptions(filter=ResourceFilter(include=[args.include])))
     await f.start()
     await asyncio.sleep(args.settle)
     synced, pending = f.informers()

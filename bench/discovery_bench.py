@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import disc_common as dc  # noqa: E402
 
 from informers import (  # noqa: E402
-    GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, FuncHandler, ResourceFilter, SharedIndexInformer,
+    GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, FuncHandler, ResourceFilter, SharedIndexInformer,
 )
 from syncer.testing import ControlPlane  # noqa: E402
 
@@ -50,7 +50,8 @@ class Ours:
     and a GVR handler that puts an object handler on every new informer."""
 
     def __init__(self, client: ApiClient) -> None:
-        self.f = DiscoveringDynamicSharedInformerFactory(client, filter=ResourceFilter(include=["bench-*.example.com/*"]))
+        self.f = DiscoveringDynamicSharedInformerFactory(
+            client, DiscoveryOptions(filter=ResourceFilter(include=["bench-*.example.com/*"])))
         self.first_synced: dict[GVR, float] = {}
         self.obj_seen: dict[GVR, tuple[float, bool]] = {}
         self.ticks = 0

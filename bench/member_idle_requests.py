@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from controllers.cluster_registry import ClusterRegistry  # noqa: E402
 from controllers.member import MemberOptions  # noqa: E402
 from controllers.providers.secrets import SecretOptions, SecretProvider  # noqa: E402
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory  # noqa: E402
+from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions  # noqa: E402
 from syncer.testing import ControlPlane  # noqa: E402
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
@@ -47,8 +47,8 @@ def _setup(api: ApiClient, label: str, probe: float, full: float) -> tuple[Clust
 
     def make(client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
         return DiscoveringDynamicSharedInformerFactory(
-            client, watch="required", name=f"discovery {name}", metrics_registry=metrics, metrics_cluster=name,
-            rediscovery_interval=60.0, full_rediscovery_interval=full)
+            client, DiscoveryOptions(watch="required", rediscovery_interval=60.0, full_rediscovery_interval=full),
+            name=f"discovery {name}", metrics_registry=metrics, metrics_cluster=name)
 
     registry = ClusterRegistry(api, [SecretProvider(api, SecretOptions(namespaces=(label,)))], MemberOptions(probe_interval=probe),
                                required=[CONFIGMAPS], make_factory=make, metrics_registry=metrics, name=label)

@@ -92,7 +92,8 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
     from controllers.cluster_registry import ClusterRegistry
     from controllers.member import MemberOptions
     from controllers.providers.secrets import SecretOptions, SecretProvider
-    from informers import DiscoveringDynamicSharedInformerFactory, ResourceFilter
+    from informers import DiscoveringDynamicSharedInformerFactory
+    from syncer.wiring import discovery_options
     from syncer.logs import setup_logging
     from syncer.runtime import small_tls_read_buffers
 
@@ -103,13 +104,10 @@ async def _runner(kubeconfig: str, namespace: str, settings: Any, loop_note: str
     names: dict[int, str] = {}  # id(member's API client) -> cluster name
 
     def member_factory(client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
-        # As Syncer._member_factory builds it from the settings.
-        return DiscoveringDynamicSharedInformerFactory(
-            client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
-            namespace=s.namespace or None, rediscovery_interval=s.rediscovery_interval,
-            full_rediscovery_interval=s.full_rediscovery_interval, check_permissions=s.check_permissions,
-            watch=s.clusters.watch, name=f"discovery {display_name(name)}", metrics_registry=metrics,
-            metrics_cluster=name)
+        # As syncer.wiring.member_factory builds it from the settings.
+        return DiscoveringDynamicSharedInformerFactory(client, discovery_options(s, watch=s.clusters.watch),
+                                                       name=f"discovery {display_name(name)}",
+                                                       metrics_registry=metrics, metrics_cluster=name)
 
     class Names:
         """Registered before the controllers: notes each member's client (so a controller knows its cluster)."""

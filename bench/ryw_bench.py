@@ -45,7 +45,7 @@ from controllers import (  # noqa: E402
     Controller, ControllerManager, ManagedController, ReconcileContext, Request, Result,
 )
 from controllers.metrics import read_your_writes_metrics  # noqa: E402
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceFilter  # noqa: E402
+from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, ResourceFilter  # noqa: E402
 from syncer.testing import ControlPlane  # noqa: E402
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
@@ -119,8 +119,9 @@ async def measure(api: ApiClient, client: ApiClient, scenario: str, variant: str
     ns = await fresh_namespace(api, args.objects)
     registry = CollectorRegistry()
     work = Workload(scenario, args.objects, args.steps)
-    factory = DiscoveringDynamicSharedInformerFactory(client, namespace=ns, metrics_registry=registry,
-                                                      filter=ResourceFilter(include=["core/configmaps"]))
+    factory = DiscoveringDynamicSharedInformerFactory(
+        client, DiscoveryOptions(namespace=ns, filter=ResourceFilter(include=["core/configmaps"])),
+        metrics_registry=registry)
     make: Callable[[Any], Any] = lambda ctx: Controller("bench", work, workers=ctx.workers,
                                                         metrics_registry=registry).for_(CONFIGMAPS).run
     mgr = ControllerManager("ryw-bench", factory, {"c": ManagedController([CONFIGMAPS], make)}, client=client,

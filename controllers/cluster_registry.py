@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, Supervisor
+from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, Supervisor
 from informers.union_lister import ClusterNotFound
 from informers.wait import wait_first
 
@@ -281,9 +281,9 @@ class ClusterRegistry:
 
 def _default_factory(metrics_registry: CollectorRegistry | None, client: ApiClient, name: str, *,
                      namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory:
-    return DiscoveringDynamicSharedInformerFactory(client, watch="required", name=f"discovery {display_name(name)}",
-                                                   namespace=namespace, metrics_registry=metrics_registry,
-                                                   metrics_cluster=name)
+    return DiscoveringDynamicSharedInformerFactory(client, DiscoveryOptions(watch="required", namespace=namespace),
+                                                   name=f"discovery {display_name(name)}",
+                                                   metrics_registry=metrics_registry, metrics_cluster=name)
 
 
 async def _bounded_call(timeout: float, fn: Any, *args: Any) -> None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from controllers import (  # noqa: E402
     Controller, ControllerContext, ControllerManager, ManagedController, ReconcileContext, Request,
 )
-from informers import ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceFilter  # noqa: E402
+from informers import ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, ResourceFilter  # noqa: E402
 from examples.plugins.widget_status import WIDGETS  # noqa: E402
 from syncer.logs import setup_logging  # noqa: E402
 
@@ -53,7 +53,7 @@ async def main(kubeconfig: str) -> None:
 
     async with ApiClient.from_kubeconfig(kubeconfig) as client:
         factory = DiscoveringDynamicSharedInformerFactory(
-            client, filter=ResourceFilter(include=["examples.kube-syncer.io/*"]))
+            client, DiscoveryOptions(filter=ResourceFilter(include=["examples.kube-syncer.io/*"])))
         manager = ControllerManager("example", factory, {"widgets": ManagedController([WIDGETS], create)},
                                     client=client)
         await factory.start()

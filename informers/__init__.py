@@ -3,7 +3,7 @@
 from .backoff import Backoff
 from .client import ApiClient
 from .credentials import CredentialError, ExecPlugin, ExecPluginError, ExecPluginTimeout
-from .discovering_factory import DiscoveringDynamicSharedInformerFactory, GVRState, GVRStatus
+from .discovering_factory import DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, GVRState, GVRStatus
 from .discovery import DiscoveryClient, DiscoveryForbidden, DiscoveryResult, ResourceInfo
 from .errors import (
     AlreadyExists, ApiError, Conflict, FenceError, Forbidden, Gone, Invalid, NotFound, TooManyRequests, Unauthorized,
@@ -42,7 +42,7 @@ __all__ = [
     "__version__",
     "ApiClient", "ApiError", "Backoff", "ClientConfig", "DeletedFinalStateUnknown", "DiscoveringDynamicSharedInformerFactory",
     "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout", "FieldSelector",
-    "DiscoveryClient", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
+    "DiscoveryClient", "DiscoveryOptions", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
     "FenceError", "FuncHandler", "GVR", "GVRHandler", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",
     "InformerSource", "DemandSource", "Explains", "RemovalHooks", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",
     "ObjectShard", "ResourceFilter", "ResourceInfo", "Rule", "SelectorError", "SharedIndexInformer", "Store", "Subscription",

@@ -1,195 +1,139 @@
-"""DiscoveringDynamicSharedInformerFactory: one running, synced informer per GVR the server serves.
+"""DiscoveringDynamicSharedInformerFactory: one running, synced informer per GVR the server serves, permits,
+the filter selects and (with ``watch="required"``) somebody requires; an ``InformerSource``.
 
-Discovery passes run at start, whenever a CRD or APIService changes (``discovery_triggers``), when an
-informer's watch answers 404, when the server answers again after an outage (it may have been upgraded, and
-serve other built-in APIs), and periodically. The period is short (``rediscovery_interval``) while a pass is the
-only way to see a change: a trigger cannot watch (no permission), or ``check_permissions`` found a GVR forbidden
-(RBAC is not watched). Otherwise the events say when to look, and the periodic pass is only a slow safety net
-(``full_rediscovery_interval``, jittered so that a fleet's members do not pass together): an idle member costs
-no discovery requests. Each pass starts informers for new GVRs, stops those whose GVR vanished, and replaces an
-informer whose CRD was deleted and recreated (new uid) between passes. Subscribers are notified on every
-change of the set and whenever an informer becomes synced; GVR handlers (``gvr_listeners``) get precise
-per-GVR events; ``check_permissions`` asks ``access_review`` before watching.
+A facade over four parts: the discovery loop (when passes run), demand (who requires what), the informer set
+(starting, stopping, replacing informers, removal hooks) and the status book (per-GVR state and explanations); a
+pass asks discovery and the access reviews, and the wanted set (``wanted.py``) decides.
 
-kcp's update loop logs a failed update and runs again at its next tick; an asyncio task that raises just
-dies, silently (one ServerDisconnectedError used to freeze the informer set for good). So the passes run
-under a ``Supervisor``: every failed pass (an API error, a cut connection, a bug) is logged with its cause
-and retried with backoff, and a pass that hangs shows as wedged in ``supervisor.problems()``. The first
-pass is retried the same way inside ``start()``, except when the server refuses discovery to this user
-(``DiscoveryForbidden``), which no retry fixes. And kcp stops a vanished GVR's informer at once, while
-controllers may still read its cache; here removal hooks (``add_removal_hook``) are awaited first, so the
-controllers using a GVR stop while its cache is still whole.
-
-kcp watches every GVR it discovers, which a fleet multiplies by its clusters (50 clusters x 70 GVRs: 3,500
-watches, each holding a connection and a cache). With ``watch="required"`` a factory still discovers
-everything (``status()`` shows it all) but starts informers only for the GVRs some consumer declared with
-``require(owner, gvrs)`` (the controller manager declares its controllers'), plus those asked for with
-``for_resource``, which include the shared CRD and APIService informers of the discovery triggers. A GVR
-nobody requires any more is stopped like a vanished one (removal hooks first) by the pass its ``release``
-triggers; a newly required GVR that the last pass found served and permitted is started at once, so its
-consumer does not wait for that pass. ``watch="all"`` (the default) accepts the same calls and ignores them.
-
-A metadata-only informer (key ``gvr.only_metadata()``) is a cache apart from its GVR's, in either mode started
-only when required or asked for, while its GVR is served and permitted, and stopped with it (removal hooks
-first, under its own key). Discovery, filters, permissions and CRD identity are its GVR's.
+kcp watches every GVR it discovers, which a fleet multiplies by its clusters. With ``watch="required"`` the
+factory still discovers everything (``status()`` shows it all) but watches only what consumers ``require`` and
+what ``for_resource`` asked for (the shared CRD and APIService informers of the discovery triggers among them).
+A metadata-only key (``gvr.only_metadata()``) is a cache apart, in either mode watched only when required or
+asked for, while its GVR is served and permitted; discovery, filters, permissions and CRD identity are its GVR's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import enum
-import functools
-import itertools
-import random
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, get_args
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, get_args
 
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from .access_review import AccessReviewer, AccessReviewsFailed
-from .backoff import Backoff
-from .client import CONNECTION_ERRORS, ApiClient
-from .discovery import DiscoveryClient, DiscoveryForbidden, DiscoveryResult, ResourceInfo, not_served
+from .client import ApiClient
+from .demand import Demand
+from .discovery import DiscoveryClient, DiscoveryResult, ResourceInfo
+from .discovery_loop import DiscoveryLoop
 from .discovery_triggers import APISERVICES, CRDS, DiscoveryTriggers, InformerProvider, trigger_view
-from .errors import ApiError
 from .factory import DynamicSharedInformerFactory
 from .gvr import GVR
-from .gvr_listeners import GVRHandler, GVRListeners
+from .gvr_listeners import GVRHandler
+from .informer_set import InformerSet
 from .lister import Lister
 from .reflector import ReflectorOptions
 from .resource_filter import ResourceFilter
 from .shared_informer import SharedIndexInformer, Transform
 from .source import Notifier, RemovalHook, Subscription
+from .status_book import NOT_SERVED_YET, GVRState, GVRStatus, StatusBook
 from .store import IndexFunc
-from .supervisor import Supervisor, TaskHandle
+from .supervisor import Supervisor
 from .transforms import drop_managed_fields
-from .wait import wait_first
+from .wanted import UNCHECKED, WatchMode, select, wanted_set
 
-WatchMode = Literal["all", "required"]
-_EXPECTED_ERRORS = (ApiError, *CONNECTION_ERRORS)
+__all__ = ["DiscoveringDynamicSharedInformerFactory", "DiscoveryOptions", "GVRState", "GVRStatus", "NOT_SERVED_YET",
+           "WatchMode"]
+
 _PASS_SLACK = 10.0  # a pass's own work besides its bounded waits, generously
-_NOT_REQUIRED = "not required by any controller"
-_JITTER = 0.2  # a periodic pass waits its interval plus up to this fraction of it (client-go's wait.Jitter)
-# ``explain``'s answer for a GVR that a CRD or an APIService is about to serve: waiting for it is normal.
-NOT_SERVED_YET = "not served yet: its CRD or APIService does not serve it yet"
 
 
-class GVRState(enum.StrEnum):
-    """Where a GVR is: seen by discovery, left out (filter, permissions), idle (could be watched, but nobody
-    requires it), or watched (and how that goes)."""
+@dataclass(frozen=True)
+class DiscoveryOptions:
+    """How a discovering factory discovers and watches.
 
-    DISCOVERED = "discovered"
-    EXCLUDED = "excluded"
-    FORBIDDEN = "forbidden"
-    IDLE = "idle"
-    STARTING = "starting"
-    SYNCED = "synced"
-    STALE = "stale"
-    ERROR = "error"
+    ``filter`` selects GVRs (with ``namespace``, cluster-scoped ones are left out); ``label_selector``,
+    ``indexers``, ``transform``, ``reflector`` and ``field_selectors`` shape its informers
+    (``DynamicSharedInformerFactory``); ``check_permissions`` drops GVRs the user may not list and watch
+    (SelfSubjectAccessReview); ``watch_triggers`` watches CRDs and APIServices to know when to pass; the intervals
+    are the discovery loop's; ``removal_timeout`` bounds a GVR's removal hooks; ``watch`` is ``"all"`` or
+    ``"required"`` (module docstring).
+    """
 
+    filter: ResourceFilter = field(default_factory=ResourceFilter)
+    namespace: str | None = None
+    label_selector: str | None = None
+    indexers: Mapping[str, IndexFunc] | None = None
+    transform: Transform | None = drop_managed_fields
+    reflector: ReflectorOptions | None = None
+    rediscovery_interval: float = 60.0
+    full_rediscovery_interval: float = 600.0
+    check_permissions: bool = False
+    watch_triggers: bool = True
+    min_pass_interval: float = 0.1
+    removal_timeout: float = 30.0
+    watch: WatchMode = "all"
+    field_selectors: Mapping[GVR, str] = field(default_factory=dict)
 
-@functools.lru_cache(maxsize=256)
-def _sorted(verbs: frozenset[str]) -> tuple[str, ...]:
-    """A verb set as the status shows it, one tuple per distinct set (every member's statuses share them)."""
-    return tuple(sorted(verbs))
-
-
-@dataclass(slots=True)
-class GVRStatus:
-    """One GVR's state (with ``reason`` when it is not watched or not well)."""
-
-    gvr: GVR
-    state: GVRState
-    reason: str = ""
-    kind: str = ""
-    namespaced: bool = False
-    verbs: tuple[str, ...] = ()
-    source: str = "builtin"
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"gvr": str(self.gvr), "state": self.state.value, "reason": self.reason, "kind": self.kind,
-                "namespaced": self.namespaced, "verbs": list(self.verbs), "source": self.source}
+    def __post_init__(self) -> None:
+        if self.watch not in get_args(WatchMode):  # a mistyped mode from a settings file would mean "all", silently
+            raise ValueError(f"watch must be one of {', '.join(get_args(WatchMode))}, not {self.watch!r}")
 
 
 class DiscoveringDynamicSharedInformerFactory:
-    """Keeps exactly one informer per served, permitted, filtered GVR (with ``watch="required"``: per such GVR
-    that is also required); an ``InformerSource``.
+    """Keeps exactly one informer per wanted GVR (module docstring), as ``options`` say.
 
     ``await start()`` runs the first discovery pass (retrying until it succeeds) before returning; ``await
-    shutdown()`` stops everything. ``filter`` selects GVRs; ``check_permissions`` drops GVRs the user may not
-    list+watch (via SelfSubjectAccessReview); ``rediscovery_interval`` is the period of passes while only a pass
-    can see a change, ``full_rediscovery_interval`` the safety net's otherwise (module docstring; the longer of
-    the two); the informers' metrics are labelled ``cluster=metrics_cluster``;
-    ``field_selectors`` has the server filter the informer of a GVR (``DynamicSharedInformerFactory``). Background
-    tasks run under ``supervisor`` (its own if none is given), named after ``name``.
+    shutdown()`` stops everything. The informers' metrics go to ``metrics_registry``, labelled
+    ``cluster=metrics_cluster``; background tasks run under ``supervisor`` (its own if none), named after ``name``.
     """
 
-    def __init__(
-        self, client: ApiClient, *, filter: ResourceFilter | None = None, namespace: str | None = None,
-        label_selector: str | None = None, indexers: Mapping[str, IndexFunc] | None = None,
-        transform: Transform | None = drop_managed_fields, options: ReflectorOptions | None = None,
-        rediscovery_interval: float = 60.0, full_rediscovery_interval: float = 600.0,
-        check_permissions: bool = False, watch_triggers: bool = True,
-        min_pass_interval: float = 0.1, metrics_registry: CollectorRegistry | None = None,
-        supervisor: Supervisor | None = None, removal_timeout: float = 30.0, name: str = "discovery",
-        watch: WatchMode = "all", field_selectors: Mapping[GVR, str] | None = None, metrics_cluster: str = "",
-    ) -> None:
-        if watch not in get_args(WatchMode):  # a mistyped mode from a settings file would mean "all", silently
-            raise ValueError(f"watch must be one of {', '.join(get_args(WatchMode))}, not {watch!r}")
+    def __init__(self, client: ApiClient, options: DiscoveryOptions | None = None, *,
+                 metrics_registry: CollectorRegistry | None = None, supervisor: Supervisor | None = None,
+                 name: str = "discovery", metrics_cluster: str = "") -> None:
+        o = self.options = options or DiscoveryOptions()
         self.client = client
-        self.watch = watch
-        self.filter = filter or ResourceFilter()
-        if namespace:
-            self.filter.namespaced_only = True
-        self.namespace = namespace
-        self.rediscovery_interval = rediscovery_interval
-        self.full_rediscovery_interval = max(full_rediscovery_interval, rediscovery_interval)
-        self.check_permissions = check_permissions
-        self.watch_triggers = watch_triggers
-        self.min_pass_interval = min_pass_interval
-        self.removal_timeout = removal_timeout
+        self.watch = o.watch
+        self.namespace = o.namespace
+        self.filter = o.filter.restricted_to_namespaced() if o.namespace else o.filter
         self.supervisor = supervisor or Supervisor(name)
         self.discovery = DiscoveryClient(client)
-        self.access = AccessReviewer(client, namespace)
+        self.access = AccessReviewer(client, o.namespace)
         self.passes = 0
-        self.last_pass: DiscoveryResult | None = None
-        self._inner = DynamicSharedInformerFactory(
-            client, namespace=namespace, label_selector=label_selector, indexers=indexers, transform=transform,
-            options=options, metrics_registry=metrics_registry, field_selectors=field_selectors,
-            metrics_cluster=metrics_cluster)
-        self._meta = DynamicSharedInformerFactory(client, options=options, metrics_registry=metrics_registry,
+        inner = DynamicSharedInformerFactory(
+            client, namespace=o.namespace, label_selector=o.label_selector, indexers=o.indexers,
+            transform=o.transform, options=o.reflector, metrics_registry=metrics_registry,
+            field_selectors=o.field_selectors, metrics_cluster=metrics_cluster)
+        self._meta = DynamicSharedInformerFactory(client, options=o.reflector, metrics_registry=metrics_registry,
                                                   metrics_cluster=metrics_cluster, transform=trigger_view)
+        self._notifier = Notifier()
+        self.loop = DiscoveryLoop(self._pass, client, self.supervisor, name=name,
+                                  rediscovery_interval=o.rediscovery_interval,
+                                  full_rediscovery_interval=o.full_rediscovery_interval,
+                                  min_pass_interval=o.min_pass_interval, blind=self._blind)
+        self.informer_set = InformerSet(inner, self._notifier, self.loop.trigger, o.removal_timeout, name)
+        self.demand = Demand()
         # A trigger needs every object, whole: a selector or a transform of the user's would hide some. A shared
         # one is asked for with for_resource, so it is watched whether or not anybody requires it.
-        shareable = label_selector is None and transform in (None, drop_managed_fields)
+        shareable = o.label_selector is None and o.transform in (None, drop_managed_fields)
         providers: dict[GVR, InformerProvider] = {
-            gvr: self if shareable and self._selects(gvr) and gvr not in (field_selectors or {}) else self._meta
+            gvr: self if shareable and self._selects(gvr) and gvr not in o.field_selectors else self._meta
             for gvr in (CRDS, APISERVICES)}
-        self.triggers = DiscoveryTriggers(self.trigger, providers, self.supervisor, name=name,
-                                          rediscovery_interval=rediscovery_interval)
-        self._loop_name = f"{name} passes"
-        self._recoveries_name = f"{name} recoveries"
-        self._notifier = Notifier()
-        self._listeners = GVRListeners()
-        self._removal_hooks: list[RemovalHook] = []
-        self._identity: dict[GVR, str] = {}  # GVR -> CRD uid ("" for non-CRD resources, or not known yet)
-        self._explicit: set[GVR] = set()
-        self._requirements: dict[str, frozenset[GVR]] = {}  # owner -> the GVRs it requires
-        self._adopted: dict[GVR, asyncio.Task[None]] = {}  # started informers -> their sync announcement
-        self._removing: set[GVR] = set()
-        self._status: dict[GVR, GVRStatus] = {}
-        self._permitted: set[GVR] = set()  # served, selected and permitted at the last pass
-        self._wake = asyncio.Event()
+        self.triggers = DiscoveryTriggers(self.loop.trigger, providers, self.supervisor, name=name,
+                                          rediscovery_interval=o.rediscovery_interval)
+        self.status_book = StatusBook(self.triggers)
+        self._permitted: frozenset[GVR] = frozenset()  # served, selected and permitted at the last pass
         self._running = False
-        self._last_pass_started = 0.0
         self._log = logger.bind(component=name)
 
     def _selects(self, gvr: GVR) -> bool:
         probe = ResourceInfo(gvr, "", namespaced=False, verbs=frozenset(("list", "watch")), preferred=True)
         return self.filter.why_excluded(probe) is None
+
+    @property
+    def last_pass(self) -> DiscoveryResult | None:
+        """What the last successful discovery found (None before the first pass)."""
+        return self.status_book.last_pass
 
     # -- InformerSource ----------------------------------------------------------------------------------
     def subscribe(self, id: str) -> Subscription:
@@ -202,21 +146,12 @@ class DiscoveringDynamicSharedInformerFactory:
 
     def informers(self) -> tuple[dict[GVR, SharedIndexInformer], list[GVR]]:
         """``(synced informers by GVR, GVRs whose informer is not synced yet)``; one being removed is in neither."""
-        synced: dict[GVR, SharedIndexInformer] = {}
-        not_synced: list[GVR] = []
-        for gvr, inf in self._inner.informers().items():
-            if gvr in self._removing:
-                continue
-            if inf.has_synced():
-                synced[gvr] = inf
-            else:
-                not_synced.append(gvr)
-        return synced, not_synced
+        return self.informer_set.informers()
 
     def events_received(self) -> int:
         """Watch events (bookmarks included) its running informers have received, the triggers' too: how much
         the server has said (it goes down when an informer stops)."""
-        return sum(sum(inf.reflector.event_counts.values()) for factory in (self._inner, self._meta)
+        return sum(sum(inf.reflector.event_counts.values()) for factory in (self.informer_set.factory, self._meta)
                    for inf in factory.informers().values())
 
     def add_removal_hook(self, hook: RemovalHook) -> Callable[[], None]:
@@ -225,105 +160,64 @@ class DiscoveringDynamicSharedInformerFactory:
         The hooks of one GVR run concurrently, at most ``removal_timeout`` seconds (then the informer is stopped
         anyway); while they run, the GVR is in neither list of ``informers()`` but its cache is still whole.
         """
-        self._removal_hooks.append(hook)
-
-        def remove() -> None:
-            if hook in self._removal_hooks:
-                self._removal_hooks.remove(hook)
-
-        return remove
+        return self.informer_set.add_removal_hook(hook)
 
     def add_gvr_handler(self, handler: GVRHandler) -> None:
         """Deliver added/synced/removed events per GVR to ``handler``; current GVRs are replayed first."""
-        informers = self._inner.informers()
-        self._listeners.add(handler, {gvr: informers[gvr] for gvr in self._adopted if gvr in informers})
+        self.informer_set.add_gvr_handler(handler)
 
     async def remove_gvr_handler(self, handler: GVRHandler) -> None:
         """Stop delivering GVR events to ``handler`` (a handler whose owner outlives it must; shutdown ends all)."""
-        await self._listeners.remove(handler)
+        await self.informer_set.remove_gvr_handler(handler)
 
     def for_resource(self, gvr: GVR) -> tuple[SharedIndexInformer, Lister]:
         """The informer of ``gvr`` (discovered or not); an explicitly requested one is never dropped by a pass."""
-        self._explicit.add(gvr)
-        inf, lister = self._inner.for_resource(gvr)
-        if self._running and gvr not in self._adopted:
-            self._adopt(gvr)
+        self.demand.explicit.add(gvr)
+        inf, lister = self.informer_set.factory.for_resource(gvr)
+        if self._running and gvr not in self.informer_set.adopted():
+            self.informer_set.adopt(gvr)
         return inf, lister
 
     async def stop_resource(self, gvr: GVR) -> None:
         """Stop and drop the informer of ``gvr`` (removal hooks first); a pass starts it again if it selects it."""
-        self._explicit.discard(gvr)
-        if gvr in self._inner.informers():
-            await self._stop_informer(gvr, "stopped on request")
+        self.demand.explicit.discard(gvr)
+        if gvr in self.informer_set.all():
+            await self.informer_set.stop(gvr, "stopped on request")
             self._notifier.notify_all()
 
     def require(self, owner: str, gvrs: Iterable[GVR]) -> None:
         """Declare the GVRs ``owner`` needs watched (replacing its previous declaration). With ``watch="required"``
         a GVR served and permitted at the last pass is started at once, and a pass follows; otherwise a no-op."""
-        before = self._required()
-        self._requirements[owner] = frozenset(gvrs)
-        self._required_changed(before)
+        self._required_changed(self.demand.require(owner, gvrs))
 
     def release(self, owner: str) -> None:
         """Drop ``owner``'s declaration; a pass then stops what nobody else requires (removal hooks first)."""
-        before = self._required()
-        self._requirements.pop(owner, None)
-        self._required_changed(before)
+        self._required_changed(self.demand.release(owner))
 
-    def _required(self) -> set[GVR]:
-        return set().union(*self._requirements.values())
-
-    def _required_changed(self, before: set[GVR]) -> None:
-        required = self._required()
-        changed = required ^ before
+    def _required_changed(self, changed: set[GVR]) -> None:
         if self.watch == "all":
             changed = {g for g in changed if g.metadata_only}  # the only ones "all" does not watch anyway
         if not self._running or not changed:
             return  # before start, the first pass reads the requirements
         # The last pass found these watchable: their consumer need not wait for the next one to say so again.
-        started = {g for g in changed & required if g.full in self._permitted} - self._inner.informers().keys()
+        started = {g for g in changed & self.demand.required() if g.full in self._permitted}
+        started -= self.informer_set.all().keys()
         for gvr in started:
-            self._adopt(gvr)
+            self.informer_set.adopt(gvr)
         if started:
             self._notifier.notify_all()
         self.trigger()
 
     def status(self) -> list[GVRStatus]:
         """Every GVR seen by the last pass, with its current state; a watched metadata-only key follows its GVR."""
-        out = []
-        informers = self._inner.informers()
-        stale = self.last_pass.stale_group_versions if self.last_pass else set()
-        entries = [*self._status.items(), *((g, replace(self._status[g.full], gvr=g))
-                                            for g in self._adopted if g.metadata_only and g.full in self._status)]
-        for gvr, st in sorted(entries, key=lambda e: (e[0], e[0].metadata_only)):
-            inf = informers.get(gvr)
-            if inf is not None and gvr in self._adopted:
-                if gvr.group_version in stale:
-                    st.state, st.reason = GVRState.STALE, "its API is unavailable; serving the last known cache"
-                elif inf.last_error is not None:
-                    st.state, st.reason = GVRState.ERROR, str(inf.last_error)
-                else:
-                    st.state, st.reason = (GVRState.SYNCED if inf.has_synced() else GVRState.STARTING), ""
-            out.append(st)
-        return out
+        return self.status_book.render(self.informer_set.all(), self.informer_set.adopted())
 
     def explain(self, gvr: GVR) -> str | None:
         """Why ``gvr`` has no informer, for whoever waits for it: ``excluded: ...``, ``forbidden: ...``, ``idle: not
         required by any controller``, ``not served yet`` (a CRD or an APIService for it is there, but does not serve
         it yet), ``not served: ...`` (nothing provides it, with the closest served names); None when it has one
         (or the first pass has not run)."""
-        if self.last_pass is None or gvr in self._inner.informers():
-            return None
-        st = self._status.get(gvr.full)
-        if st is None:
-            crd = (self.triggers.crds() or {}).get((gvr.group, gvr.resource))
-            if crd is not None and (not crd.established or gvr.version in crd.served) or \
-                    gvr.group_version in self.triggers.aggregated_group_versions():
-                return NOT_SERVED_YET
-            return not_served(gvr.full, self.last_pass.resources)
-        if st.state in (GVRState.EXCLUDED, GVRState.FORBIDDEN, GVRState.IDLE):
-            return f"{st.state.value}: {st.reason}"
-        return None
+        return None if gvr in self.informer_set.all() else self.status_book.explain(gvr)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -336,231 +230,60 @@ class DiscoveringDynamicSharedInformerFactory:
             return
         self._running = True
         try:
-            for gvr in list(self._explicit):
+            for gvr in list(self.demand.explicit):
                 self.for_resource(gvr)
-            if self.watch_triggers:
+            if self.options.watch_triggers:
                 await self.triggers.start()
-            await self._first_pass()
-            self.supervisor.spawn(self._loop_name, self._loop, wedge_after=self._wedge_after())
-            self.supervisor.spawn(self._recoveries_name, self._after_outages)
+            await self.loop.first_pass()
+            # Legacy discovery is two rounds of requests; every other wait of a pass is bounded on its own.
+            reviews = self.access.budget if self.options.check_permissions else 0.0
+            self.loop.start(2 * self.discovery.timeout + reviews + self.options.removal_timeout + _PASS_SLACK)
         except BaseException:
             await self.shutdown()
             raise
 
-    def _wedge_after(self) -> float:
-        # Legacy discovery is two rounds of requests; every other wait of a pass is bounded on its own.
-        reviews = self.access.budget if self.check_permissions else 0.0
-        return 2 * self.discovery.timeout + reviews + self.removal_timeout + _PASS_SLACK
-
     async def shutdown(self) -> None:
         """Stop the pass loop, the triggers, every informer and the listeners; end subscriptions. Idempotent."""
         self._running = False
-        await self.supervisor.cancel(self._loop_name)
-        await self.supervisor.cancel(self._recoveries_name)
+        await self.loop.stop()
         await self.triggers.close()
-        tasks = list(self._adopted.values())
-        self._adopted.clear()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._listeners.close()
-        await asyncio.gather(self._inner.shutdown(), self._meta.shutdown())
-        self._identity.clear()
+        await self.informer_set.close()
+        await self._meta.shutdown()
         self._notifier.close_all()
 
     def trigger(self) -> None:
         """Ask for a discovery pass soon (coalesced with other requests)."""
-        self._wake.set()
+        self.loop.trigger()
 
-    async def _first_pass(self) -> None:
-        backoff = Backoff()
-        for attempt in itertools.count(1):
-            error = await self._attempt_pass(periodic=True)
-            if error is None:
-                return
-            if isinstance(error, AccessReviewsFailed):
-                self._log.warning("first discovery pass incomplete ({}); asking again shortly", error)
-                self.trigger()  # the loop asks again, with its backoff if need be
-                return
-            if isinstance(error, DiscoveryForbidden):
-                raise error
-            delay = backoff.next()
-            self._log_failure(f"first discovery pass (attempt {attempt})", error, delay)
-            await asyncio.sleep(delay)
+    def _blind(self) -> bool:
+        """Whether only a pass can see a change: a trigger cannot watch, or a GVR is forbidden (RBAC is not
+        watched)."""
+        watching = self.options.watch_triggers and all(self.triggers.watching(g) for g in (CRDS, APISERVICES))
+        return not watching or self.status_book.any_forbidden()
 
-    def _period(self) -> float:
-        """How long the loop waits for a trigger before a periodic pass (module docstring)."""
-        blind = not all(self.watch_triggers and self.triggers.watching(g) for g in (CRDS, APISERVICES)) or \
-            any(st.state is GVRState.FORBIDDEN for st in self._status.values())
-        interval = self.rediscovery_interval if blind else self.full_rediscovery_interval
-        return interval * (1 + random.uniform(0, _JITTER))
-
-    async def _after_outages(self, _: TaskHandle) -> None:
-        """Ask for a pass each time the server answers again after it could not be reached."""
-        while True:
-            await self.client.answered_again(self.client.recoveries)
-            self.trigger()
-
-    async def _loop(self, handle: TaskHandle) -> None:
-        backoff = Backoff()
-        while True:
-            periodic = False
-            try:
-                async with asyncio.timeout(self._period()):
-                    await self._wake.wait()
-            except TimeoutError:
-                periodic = True
-            wait = self._last_pass_started + self.min_pass_interval - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)  # a burst of triggers becomes one pass
-            self._wake.clear()
-            with handle.busy():
-                error = await self._attempt_pass(periodic)
-            if error is None:
-                handle.succeeded()
-                backoff.reset()
-                continue
-            handle.failed(error)
-            delay = backoff.next()
-            self._log_failure("discovery pass", error, delay)
-            await asyncio.sleep(delay)
-            self._wake.set()
-
-    async def _attempt_pass(self, periodic: bool) -> Exception | None:
-        """One pass; what made it fail (or left it incomplete), if anything."""
-        try:
-            return await self._pass(periodic)
-        except Exception as e:  # every failure is retried: a dead pass loop would freeze the informer set
-            return e
-
-    def _log_failure(self, what: str, error: Exception, delay: float) -> None:
-        if isinstance(error, (*_EXPECTED_ERRORS, AccessReviewsFailed)):
-            self._log.warning("{} failed ({!r}); retrying in {:.1f}s", what, error, delay)
-        else:
-            self._log.opt(exception=error).error("{} failed unexpectedly ({!r}); retrying in {:.1f}s", what, error,
-                                                 delay)
-
-    # -- the pass ----------------------------------------------------------------------------------------
     async def _pass(self, periodic: bool) -> AccessReviewsFailed | None:
-        self._last_pass_started = time.monotonic()
+        started = time.monotonic()
         result = await self.discovery.discover()
         self.passes += 1
-        self.last_pass = result
         crds = self.triggers.crds()
-        aggregated = self.triggers.aggregated_group_versions()
-        status: dict[GVR, GVRStatus] = {}
-        candidates: list[GVR] = []
-        for gvr, info in result.resources.items():
-            crd = crds.get((gvr.group, gvr.resource)) if crds is not None else None
-            st = status[gvr] = GVRStatus(gvr, GVRState.DISCOVERED, kind=info.kind, namespaced=info.namespaced,
-                                         verbs=_sorted(info.verbs),
-                                         source="crd" if crd else
-                                         "aggregated" if gvr.group_version in aggregated else "builtin")
-            if crds is not None and crd is None and self.triggers.was_crd(gvr):
-                # Discovery can lag behind a CRD deletion; the CRD cache is the authority.
-                st.state, st.reason = GVRState.EXCLUDED, "its CRD was deleted"
-                continue
-            why = self.filter.why_excluded(info)
-            if why:
-                st.state, st.reason = GVRState.EXCLUDED, why
-                continue
-            candidates.append(gvr)
-        incomplete = await self.access.check(candidates, recheck_forbidden=periodic) if self.check_permissions \
-            else None
-        permitted: dict[GVR, str] = {}
-        for gvr in candidates:
-            if self.check_permissions:
-                if not self.access.decided(gvr):
-                    status[gvr].state, status[gvr].reason = GVRState.ERROR, "access review failed; asking again"
-                    continue
-                denied = self.access.denied(gvr)
-                if denied:
-                    status[gvr].state, status[gvr].reason = GVRState.FORBIDDEN, denied
-                    continue
-            crd = crds.get((gvr.group, gvr.resource)) if crds is not None else None
-            permitted[gvr] = crd.uid if crd else ""
-        # Read the requirements only now, with nothing awaited before the reconciliation decides: a require()
-        # during this pass must not see its GVR stopped by a pass that did not know of it.
-        wanted = self._explicit | self._required()
-        desired = permitted if self.watch == "all" else {g: uid for g, uid in permitted.items() if g in wanted}
-        for gvr in permitted.keys() - desired.keys():
-            status[gvr].state, status[gvr].reason = GVRState.IDLE, _NOT_REQUIRED
-        desired = desired | {g: permitted[g.full] for g in wanted if g.metadata_only and g.full in permitted}
-        self._status = status
-        self._permitted = set(permitted)
-        changed = await self._reconcile(desired)
+        selection = select(result.resources, self.filter, crds, self.triggers.aggregated_group_versions(),
+                           self.triggers.was_crd)
+        incomplete = None
+        if self.options.check_permissions:
+            incomplete = await self.access.check(selection.candidates, recheck_forbidden=periodic)
+        # Read the demand only now, with nothing awaited before the informer set acts on it: a require() during
+        # this pass must not see its GVR stopped by a pass that did not know of it.
+        wanted = wanted_set(selection, self.access if self.options.check_permissions else UNCHECKED,
+                            self.demand.wanted(), self.watch)
+        self.status_book.record(result, wanted.status)
+        self._permitted = wanted.permitted
+        changed = await self.informer_set.reconcile(wanted.desired, self.demand.explicit,
+                                                    self.status_book.removal_reason)
         self._log.debug("discovery pass {} ({}): {} GVRs served, {} watched, {} requests, {:.0f} ms",
-                        self.passes, "periodic" if periodic else "triggered", len(result.resources), len(desired),
-                        result.requests, (time.monotonic() - self._last_pass_started) * 1000)
+                        self.passes, "periodic" if periodic else "triggered", len(result.resources),
+                        len(wanted.desired), result.requests, (time.monotonic() - started) * 1000)
         if crds is not None:
             self.triggers.after_pass(crds, result)
         if changed:
             self._notifier.notify_all()
         return incomplete
-
-    async def _reconcile(self, desired: dict[GVR, str]) -> bool:
-        removals: dict[GVR, str] = {}
-        for gvr in self._inner.informers():
-            if gvr in self._explicit:
-                continue
-            if gvr not in desired:
-                st = self._status.get(gvr.full)
-                removals[gvr] = st.reason if st is not None and st.reason else "no longer served"
-            elif desired[gvr] and self._identity.get(gvr) not in ("", None, desired[gvr]):
-                removals[gvr] = "its CRD was recreated with a new uid"
-        async with asyncio.TaskGroup() as tg:
-            for gvr, reason in removals.items():
-                tg.create_task(self._stop_informer(gvr, reason))
-        changed = bool(removals)
-        for gvr, identity in desired.items():
-            # The CRD cache may learn a uid after discovery showed the GVR: same informer, now identified.
-            self._identity[gvr] = self._identity.get(gvr) or identity
-            if gvr not in self._adopted:
-                self._adopt(gvr)
-                changed = True
-        return changed
-
-    def _adopt(self, gvr: GVR) -> None:
-        inf, _ = self._inner.for_resource(gvr)
-        inf.add_error_listener(lambda e: self.trigger() if isinstance(e, ApiError) and e.status == 404 else None)
-        inf.start()
-        self._adopted[gvr] = asyncio.create_task(self._announce_sync(gvr, inf), name=f"sync watch {gvr}")
-        self._listeners.emit("on_gvr_added", gvr, inf)
-
-    async def _announce_sync(self, gvr: GVR, inf: SharedIndexInformer) -> None:
-        await inf.wait_for_sync()
-        self._notifier.notify_all()
-        self._listeners.emit("on_gvr_synced", gvr, inf)
-
-    async def _stop_informer(self, gvr: GVR, reason: str) -> None:
-        self._log.info("stopping informer for {} ({})", gvr, reason)
-        adopted = gvr in self._adopted
-        self._removing.add(gvr)
-        try:
-            await self._await_removal_hooks(gvr)
-            self._identity.pop(gvr, None)
-            task = self._adopted.pop(gvr, None)
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            await self._inner.stop_resource(gvr)
-        finally:
-            self._removing.discard(gvr)
-        if adopted:
-            self._listeners.emit("on_gvr_removed", gvr)
-
-    async def _await_removal_hooks(self, gvr: GVR) -> None:
-        hooks = list(self._removal_hooks)
-        if not hooks:
-            return
-        calls = asyncio.gather(*(self._call_hook(hook, gvr) for hook in hooks))
-        if await wait_first(calls, timeout=self.removal_timeout) is None:
-            self._log.warning("removal hooks for {} did not finish within {:g}s; stopping its informer anyway", gvr,
-                              self.removal_timeout)
-
-    async def _call_hook(self, hook: RemovalHook, gvr: GVR) -> None:
-        try:
-            await hook(gvr)
-        except Exception:
-            self._log.exception("removal hook {} failed for {}", getattr(hook, "__qualname__", hook), gvr)
-

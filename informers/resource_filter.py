@@ -55,6 +55,10 @@ class ResourceFilter:
         self.preferred_version_only = preferred_version_only
         self.namespaced_only = namespaced_only
 
+    def restricted_to_namespaced(self) -> "ResourceFilter":
+        """The same rules, leaving cluster-scoped resources out (informers restricted to a namespace)."""
+        return ResourceFilter(self.include, self.exclude, self.preferred_version_only, namespaced_only=True)
+
     def why_excluded(self, info: ResourceInfo) -> str | None:
         """None if the GVR should get an informer, else the reason it does not."""
         gvr = info.gvr

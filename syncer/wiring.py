@@ -14,7 +14,10 @@ from loguru import logger
 
 from controllers import OPEN, Fence
 from controllers.cluster import display_name
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceFilter, Supervisor
+from informers import (
+    GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, ResourceFilter, Supervisor,
+)
+from informers.wanted import WatchMode
 
 from .plugins import Plugins
 from .settings import Clusters, Settings, UnitKind
@@ -74,8 +77,8 @@ def local_factory(settings: Settings, client: ApiClient,
                   supervisor: Supervisor) -> DiscoveringDynamicSharedInformerFactory:
     """The local cluster's discovering factory (started by the sidecar's discovery)."""
     s = settings
-    return discovering_factory(s, client, supervisor=supervisor, watch=s.clusters.watch if s.clusters.enabled
-                               else s.watch)
+    return DiscoveringDynamicSharedInformerFactory(
+        client, discovery_options(s, watch=s.clusters.watch if s.clusters.enabled else s.watch), supervisor=supervisor)
 
 
 def _cluster_registry(process: Process, required: set[GVR], *, fence: Fence = OPEN,
@@ -160,18 +163,17 @@ def member_factory(settings: Settings, client: ApiClient, name: str, *,
                    namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory:
     """The discovering factory of member cluster ``name`` (multi-cluster mode); ``namespace``: of a namespace
     member, instead of the top-level ``namespace``."""
-    return discovering_factory(settings, client, watch=settings.clusters.watch,
-                               name=f"discovery {display_name(name)}", metrics_cluster=name,
-                               namespace=namespace or settings.namespace or None)
+    options = discovery_options(settings, watch=settings.clusters.watch, namespace=namespace)
+    return DiscoveringDynamicSharedInformerFactory(client, options, name=f"discovery {display_name(name)}",
+                                                   metrics_cluster=name)
 
 
-def discovering_factory(settings: Settings, client: ApiClient,
-                        **kwargs: Any) -> DiscoveringDynamicSharedInformerFactory:
-    """A discovering factory over ``client`` with the settings' filter, namespace, passes and field selectors (the
-    local cluster's and every member's alike)."""
+def discovery_options(settings: Settings, *, watch: WatchMode, namespace: str | None = None) -> DiscoveryOptions:
+    """The settings' filter, namespace, passes and field selectors (the local cluster's and every member's alike),
+    watching as ``watch`` says."""
     s = settings
-    kwargs.setdefault("namespace", s.namespace or None)
-    return DiscoveringDynamicSharedInformerFactory(
-        client, filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only), rediscovery_interval=s.rediscovery_interval,
+    return DiscoveryOptions(
+        filter=ResourceFilter(s.include, s.exclude, preferred_version_only=s.preferred_version_only),
+        namespace=namespace or s.namespace or None, rediscovery_interval=s.rediscovery_interval,
         full_rediscovery_interval=s.full_rediscovery_interval, check_permissions=s.check_permissions,
-        field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, **kwargs)
+        field_selectors={GVR.parse(g): selector for g, selector in s.field_selectors.items()}, watch=watch)

@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from informers import (
-    ApiClient, DeletedFinalStateUnknown, DiscoveringDynamicSharedInformerFactory, DynamicSharedInformerFactory,
+    ApiClient, DeletedFinalStateUnknown, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, DynamicSharedInformerFactory,
     ResourceFilter,
 )
 
@@ -18,9 +18,14 @@ def only(prefix: str) -> ResourceFilter:
     return ResourceFilter(include=[f"{prefix}-*.example.com/*"])
 
 
+_RUNTIME = ("metrics_registry", "supervisor", "name", "metrics_cluster")
+
+
 def factory(client: ApiClient, **kw) -> DiscoveringDynamicSharedInformerFactory:
-    kw.setdefault("metrics_registry", CollectorRegistry())
-    return DiscoveringDynamicSharedInformerFactory(client, **kw)
+    """A discovering factory: ``kw`` are ``DiscoveryOptions`` fields and the constructor's own keywords."""
+    runtime = {k: kw.pop(k) for k in _RUNTIME if k in kw}
+    runtime.setdefault("metrics_registry", CollectorRegistry())
+    return DiscoveringDynamicSharedInformerFactory(client, DiscoveryOptions(**kw), **runtime)
 
 
 class Recorder:

@@ -17,7 +17,7 @@ from controllers import (
     ReconcileContext, Request, Result, TerminalError, generation_changed, has_finalizer, set_controller_reference,
 )
 from informers import (
-    GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, NotFound, ResourceClient, ResourceFilter,
+    GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, NotFound, ResourceClient, ResourceFilter,
 )
 
 from tests.helpers import CONFIGMAPS, eventually
@@ -43,7 +43,7 @@ async def test_controller_follows_its_crd_and_two_gvr_controller_waits_for_both(
     g1, g2 = unique_group("ctl"), unique_group("ctl")
     w1, w2 = GVR(g1, "v1", "widgets"), GVR(g2, "v1", "widgets")
     factory = DiscoveringDynamicSharedInformerFactory(
-        api, filter=ResourceFilter(include=["ctl-*.example.com/*"]), metrics_registry=CollectorRegistry())
+        api, DiscoveryOptions(filter=ResourceFilter(include=["ctl-*.example.com/*"])), metrics_registry=CollectorRegistry())
     single, pair = Reconciler(), Reconciler()
     creates = {"single": 0, "pair": 0}
 
@@ -126,7 +126,7 @@ async def test_reconcile_errors_terminal_errors_and_owner_changes(api: ApiClient
     group = unique_group("ctl")
     widgets = GVR(group, "v1", "widgets")
     factory = DiscoveringDynamicSharedInformerFactory(
-        api, filter=ResourceFilter(include=["ctl-*.example.com/*"]), metrics_registry=CollectorRegistry())
+        api, DiscoveryOptions(filter=ResourceFilter(include=["ctl-*.example.com/*"])), metrics_registry=CollectorRegistry())
     by_owner = Reconciler()
     attempts: dict[str, int] = {}
 
@@ -189,8 +189,9 @@ async def managed(api: ApiClient, namespace: str, gvrs: list[GVR], create: Any) 
     """One controller (``create``) under a manager with an API client, on informers of ``namespace``; waits until it
     runs, and stops everything after."""
     factory = DiscoveringDynamicSharedInformerFactory(
-        api, namespace=namespace, metrics_registry=CollectorRegistry(),
-        filter=ResourceFilter(include=[f"{g.group or 'core'}/{g.resource}" for g in gvrs]))
+        api, DiscoveryOptions(namespace=namespace,
+                              filter=ResourceFilter(include=[f"{g.group or 'core'}/{g.resource}" for g in gvrs])),
+        metrics_registry=CollectorRegistry())
     mgr = ControllerManager("it-builder", factory, {"c": ManagedController(gvrs, create)}, client=api,
                             metrics_registry=CollectorRegistry())
     await factory.start()

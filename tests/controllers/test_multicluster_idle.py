@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from controllers.cluster_registry import ClusterRegistry
 from controllers.member import MemberOptions
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, ReflectorOptions
+from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, ReflectorOptions
 from informers.discovery_triggers import APISERVICES, CRDS
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
@@ -47,8 +47,9 @@ def series_of(registry: CollectorRegistry, cluster: str) -> set[tuple[str, str]]
 def quiet_factory(metrics: CollectorRegistry, **kw: Any) -> Any:
     """A member factory whose periodic discovery pass would show within the test's window if it ran."""
     def make(client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
-        return DiscoveringDynamicSharedInformerFactory(client, watch="required", name=f"discovery {name}",
-                                                       metrics_registry=metrics, metrics_cluster=name, **kw)
+        return DiscoveringDynamicSharedInformerFactory(client, DiscoveryOptions(watch="required", **kw),
+                                                       name=f"discovery {name}", metrics_registry=metrics,
+                                                       metrics_cluster=name)
     return make
 
 
@@ -137,8 +138,9 @@ async def test_a_crd_installed_in_a_member_is_picked_up_by_its_trigger(
 
 async def test_the_safety_net_pass_runs_while_the_triggers_watch(api: ApiClient) -> None:
     """Triggers watching: passes come at ``full_rediscovery_interval`` (jittered), not at the short period."""
-    f = DiscoveringDynamicSharedInformerFactory(api, metrics_registry=CollectorRegistry(), watch="required",
-                                                rediscovery_interval=0.2, full_rediscovery_interval=1.0)
+    f = DiscoveringDynamicSharedInformerFactory(
+        api, DiscoveryOptions(watch="required", rediscovery_interval=0.2, full_rediscovery_interval=1.0),
+        metrics_registry=CollectorRegistry())
     await f.start()
     try:
         assert f.triggers.watching(CRDS) and f.triggers.watching(APISERVICES)
@@ -155,8 +157,9 @@ async def test_a_pass_follows_the_server_answering_again(control_plane_factory: 
     answers again, not at the safety net."""
     plane = control_plane_factory()
     async with ApiClient.from_kubeconfig(str(plane.kubeconfig)) as client:
-        f = DiscoveringDynamicSharedInformerFactory(client, metrics_registry=CollectorRegistry(), watch="required",
-                                                    full_rediscovery_interval=3600.0)
+        f = DiscoveringDynamicSharedInformerFactory(
+            client, DiscoveryOptions(watch="required", full_rediscovery_interval=3600.0),
+            metrics_registry=CollectorRegistry())
         f.require("test", [CONFIGMAPS])
         await f.start()
         try:
@@ -201,7 +204,7 @@ async def test_member_informer_metrics_are_labelled_by_cluster_and_leave_with_it
     metrics = CollectorRegistry()
     registry = ClusterRegistry(api, secrets(api, fleet_ns), MemberOptions(probe_interval=3600.0),
                                required=[CONFIGMAPS], metrics_registry=metrics)  # the default member factory
-    own = DiscoveringDynamicSharedInformerFactory(api, metrics_registry=metrics, watch="required")
+    own = DiscoveringDynamicSharedInformerFactory(api, DiscoveryOptions(watch="required"), metrics_registry=metrics)
     own.require("test", [CONFIGMAPS])
     await own.start()
     await registry.start()

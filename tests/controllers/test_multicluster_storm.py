@@ -50,7 +50,7 @@ class CountingSink:
 def informers_of(cluster: Cluster) -> list[SharedIndexInformer]:
     """Every informer of a member: its required ones and its discovery triggers'."""
     factory = cluster.factory
-    return [*factory._inner.informers().values(), *factory._meta.informers().values()]
+    return [*factory.informer_set.all().values(), *factory._meta.informers().values()]
 
 
 async def test_an_apiserver_restarted_behind_50_members_converges_exactly_relisting_once(

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from controllers import Controller, ControllerManager, ManagedController, ReconcileContext, Request, Result
 from controllers.metrics import read_your_writes_metrics
-from informers import ApiClient, DiscoveringDynamicSharedInformerFactory, ResourceClient, ResourceFilter
+from informers import ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions, ResourceClient, ResourceFilter
 from syncer.testing import ControlPlane
 
 from tests.helpers import CONFIGMAPS, eventually
@@ -28,8 +28,9 @@ async def slow_watch(api: ApiClient, cp: ControlPlane, namespace: str, reconcile
     proxy.delay = WATCH_DELAY
     slow = ApiClient.from_kubeconfig(str(cp.kubeconfig))
     slow.host = f"https://127.0.0.1:{proxy.port}"
-    factory = DiscoveringDynamicSharedInformerFactory(slow, namespace=namespace, metrics_registry=registry,
-                                                      filter=ResourceFilter(include=["core/configmaps"]))
+    factory = DiscoveringDynamicSharedInformerFactory(
+        slow, DiscoveryOptions(namespace=namespace, filter=ResourceFilter(include=["core/configmaps"])),
+        metrics_registry=registry)
     controller = ManagedController([CONFIGMAPS], lambda ctx: Controller("ryw", reconcile,
                                                                         metrics_registry=registry).for_(CONFIGMAPS).run)
     mgr = ControllerManager("ryw", factory, {"c": controller}, client=api, metrics_registry=registry,

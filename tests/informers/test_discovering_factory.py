@@ -230,7 +230,7 @@ async def test_50_crd_cycles_leak_nothing(control_plane_factory) -> None:
                     gc.collect()
                     rss.append(proc.memory_info().rss)
             await eventually(lambda: len(asyncio.all_tasks()) <= tasks_before, 5, "no task left behind")
-            assert f._inner.informers() == {} and f._adopted == {}
+            assert f.informer_set.all() == {} and not f.informer_set.adopted()
             watches = [c for c in proc.net_connections("tcp") if c.raddr and c.raddr.port == cp.port]
             assert len(watches) <= 4  # the two trigger watches plus pooled idle connections
             assert rss[1] - rss[0] < 8 * 1024 * 1024, rss

@@ -36,7 +36,7 @@ async def test_removal_hooks_run_before_the_informer_is_stopped(api) -> None:
     release = asyncio.Event()
 
     async def hook(gvr: GVR) -> None:
-        inf = f._inner.informers()[gvr]
+        inf = f.informer_set.all()[gvr]
         synced, not_synced = f.informers()
         seen.append((gvr, names(inf), inf.has_synced(), gvr in synced or gvr in not_synced))
         await release.wait()
@@ -55,7 +55,7 @@ async def test_removal_hooks_run_before_the_informer_is_stopped(api) -> None:
         await eventually(lambda: names(inf2) == {"a", "b"}, 10, "objects cached in v2")
         release.set()
         await serve_version(api, f"widgets.{group}", "v2", False)
-        await eventually(lambda: v2 not in f._inner.informers(), 30, "v2 informer stopped")
+        await eventually(lambda: v2 not in f.informer_set.all(), 30, "v2 informer stopped")
         # the hook saw the cache whole, and the GVR already hidden from informers()
         assert seen == [(v2, {"a", "b"}, True, False)]
         assert len(inf2.store) == 0 and inf2.registrations == []
@@ -66,13 +66,13 @@ async def test_removal_hooks_run_before_the_informer_is_stopped(api) -> None:
         await serve_version(api, f"widgets.{group}", "v2", False)
         await eventually(lambda: len(seen) == 2, 30, "hook called again")
         began = time.monotonic()
-        await eventually(lambda: v2 not in f._inner.informers(), 10, "v2 stopped despite a hanging hook")
+        await eventually(lambda: v2 not in f.informer_set.all(), 10, "v2 stopped despite a hanging hook")
         assert time.monotonic() - began < 5
         unregister()
         await serve_version(api, f"widgets.{group}", "v2", True)
         await eventually(lambda: v2 in f.informers()[0], 30, "v2 back again")
         await serve_version(api, f"widgets.{group}", "v2", False)
-        await eventually(lambda: v2 not in f._inner.informers(), 30, "v2 stopped without the hook")
+        await eventually(lambda: v2 not in f.informer_set.all(), 30, "v2 stopped without the hook")
         assert len(seen) == 2
     finally:
         release.set()
@@ -121,7 +121,7 @@ async def test_crd_recreated_within_one_pass_gets_a_new_informer(control_plane) 
             new = f.informers()[0][gvr]
             await eventually(lambda: names(new) == {"new"}, 10, "only the new object cached")
             assert removed == [gvr] and old._task is None and len(old.store) == 0
-            assert f._identity[gvr] == new_uid
+            assert f.informer_set.identity(gvr) == new_uid
             assert f.supervisor.problems() == []
         finally:
             await f.shutdown()

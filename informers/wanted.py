@@ -1,0 +1,113 @@
+"""The wanted set of a discovery pass: which GVRs get informers, as pure functions of what the pass found.
+
+``served ∩ selected`` (``select``: the filter, and the CRD cache's word over a lagging discovery), then
+``∩ permitted ∩ required`` (``wanted_set``). Both build the per-GVR statuses the status book shows; neither does
+I/O, so the rules are tested without an API server.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from typing import Callable, Literal, Mapping, Protocol
+
+from .discovery import ResourceInfo
+from .discovery_triggers import CRDInfo
+from .gvr import GVR
+from .resource_filter import ResourceFilter
+from .status_book import GVRState, GVRStatus
+
+WatchMode = Literal["all", "required"]
+NOT_REQUIRED = "not required by any controller"
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Every served GVR's status so far, the ones selected (whose permissions matter) and their CRD uids ("" for
+    a resource no CRD defines, or whose CRD is not known yet)."""
+
+    status: Mapping[GVR, GVRStatus]
+    candidates: tuple[GVR, ...]
+    uids: Mapping[GVR, str]
+
+
+@dataclass(frozen=True, slots=True)
+class WantedSet:
+    """A pass's decision: the statuses, what is permitted (served, selected, permitted), and what is to be watched
+    (GVR -> CRD uid, metadata-only keys included)."""
+
+    status: dict[GVR, GVRStatus]
+    permitted: frozenset[GVR]
+    desired: dict[GVR, str]
+
+
+class Permissions(Protocol):
+    """Verdicts on watching a GVR (``AccessReviewer``)."""
+
+    def decided(self, gvr: GVR) -> bool: ...
+
+    def denied(self, gvr: GVR) -> str | None: ...
+
+
+class Unchecked:
+    """Permissions not checked: everything is permitted (the server answers 403 on watch if it is not)."""
+
+    def decided(self, gvr: GVR) -> bool:
+        """Always decided."""
+        return True
+
+    def denied(self, gvr: GVR) -> str | None:
+        """Never denied."""
+        return None
+
+
+UNCHECKED = Unchecked()
+
+
+@functools.lru_cache(maxsize=256)
+def _sorted(verbs: frozenset[str]) -> tuple[str, ...]:
+    """A verb set as the status shows it, one tuple per distinct set (every member's statuses share them)."""
+    return tuple(sorted(verbs))
+
+
+def select(served: Mapping[GVR, ResourceInfo], filter: ResourceFilter,
+           crds: Mapping[tuple[str, str], CRDInfo] | None, aggregated: set[str],
+           was_crd: Callable[[GVR], bool]) -> Selection:
+    """The served GVRs the filter selects. ``crds`` is the CRD cache (None: not known), the authority over a
+    discovery that still shows a deleted CRD's resources; ``aggregated`` the group-versions of APIServices."""
+    status: dict[GVR, GVRStatus] = {}
+    candidates: list[GVR] = []
+    uids: dict[GVR, str] = {}
+    for gvr, info in served.items():
+        crd = crds.get((gvr.group, gvr.resource)) if crds is not None else None
+        source = "crd" if crd else "aggregated" if gvr.group_version in aggregated else "builtin"
+        st = GVRStatus(gvr, GVRState.DISCOVERED, kind=info.kind, namespaced=info.namespaced,
+                       verbs=_sorted(info.verbs), source=source)
+        if crds is not None and crd is None and was_crd(gvr):
+            st = replace(st, state=GVRState.EXCLUDED, reason="its CRD was deleted")
+        elif why := filter.why_excluded(info):
+            st = replace(st, state=GVRState.EXCLUDED, reason=why)
+        else:
+            candidates.append(gvr)
+            uids[gvr] = crd.uid if crd else ""
+        status[gvr] = st
+    return Selection(status, tuple(candidates), uids)
+
+
+def wanted_set(selection: Selection, permissions: Permissions, wanted: set[GVR], watch: WatchMode) -> WantedSet:
+    """``selection`` ∩ permitted, then ∩ ``wanted`` (the required and explicitly asked-for GVRs) with
+    ``watch="required"`` (with ``"all"`` every permitted GVR); a wanted metadata-only key follows its GVR."""
+    status = dict(selection.status)
+    permitted: dict[GVR, str] = {}
+    for gvr in selection.candidates:
+        if not permissions.decided(gvr):
+            status[gvr] = replace(status[gvr], state=GVRState.ERROR, reason="access review failed; asking again")
+        elif denied := permissions.denied(gvr):
+            status[gvr] = replace(status[gvr], state=GVRState.FORBIDDEN, reason=denied)
+        else:
+            permitted[gvr] = selection.uids[gvr]
+    desired = permitted if watch == "all" else {g: uid for g, uid in permitted.items() if g in wanted}
+    for gvr in permitted.keys() - desired.keys():
+        status[gvr] = replace(status[gvr], state=GVRState.IDLE, reason=NOT_REQUIRED)
+    desired = desired | {g: permitted[g.full] for g in wanted if g.metadata_only and g.full in permitted}
+    return WantedSet(status, frozenset(permitted), desired)
