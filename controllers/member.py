@@ -2,10 +2,10 @@
 
 ::
 
-    CONNECTING -> DISCOVERING -> SYNCING -> ENGAGED -> SUPERSEDED -> STOPPING -> STOPPED
-        ^   |          |            |          |                      ^
-        |   +----------+------------+--> RETRYING (backoff) --+       |
-        +-----------------------------------------------------+       |
+    CONNECTING -> DISCOVERING -> SYNCING -> READY -> SUPERSEDED -> STOPPING -> STOPPED
+        ^   |          |            |        |                      ^
+        |   +----------+------------+--> RETRYING (backoff) --+     |
+        +-----------------------------------------------------+     |
     CONNECTING -> REFUSED (a kubeconfig refused: until its config changes)    any state --+
 
 One task per member brings it up (connect, discover, sync) and retries it with backoff. skv2 and multicluster-runtime

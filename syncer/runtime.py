@@ -55,7 +55,7 @@ from .plugins import Plugins
 from .runnables import Runnables, Stores
 from .settings import Settings
 from .wiring import build_workload, local_factory, sharding_refusal, term_stop_timeout
-from .workload import WARM_STANDBY, Lifetime, Process
+from .workload import WARM_STANDBY, Lifetime, Process, Stuck, StuckKind
 
 if TYPE_CHECKING:
     # Imported where their mode starts (election on, webhooks declared, the server started): a process that
@@ -129,7 +129,7 @@ class Syncer:
         self.http = StatusServer(settings.http_bind, self.status, self.health, self.not_ready,
                                  debug=settings.debug_endpoints)
         self._leading = False
-        self._stuck: list[str] = []
+        self._stuck: list[Stuck] = []
         self._stop = asyncio.Event()  # run()'s: a stuck unit sets it, as a stop request would
         self._log = logger.bind(identity=self.identity)
 
@@ -218,8 +218,9 @@ class Syncer:
                 if self.webhooks is not None:
                     await self.webhooks.withdraw()
         if self._stuck:
-            raise ControllersStuck(f"{', '.join(self._stuck)} did not stop within {self._stop_timeout():g}s at "
-                                   f"shutdown; exiting without waiting for them ({self._kept_at_exit()})")
+            what = ", ".join(map(str, self._stuck))
+            raise ControllersStuck(f"{what} did not stop within {self._stop_timeout():g}s at shutdown; exiting "
+                                   f"without waiting for them ({self._kept_at_exit()})")
     async def _start_webhooks(self) -> None:
         from .webhook.certificates import CertificateError
 
@@ -268,9 +269,9 @@ class Syncer:
     def _stop_timeout(self) -> float:
         return term_stop_timeout(self.settings)
 
-    def _unit_stuck(self, names: list[str]) -> None:
+    def _unit_stuck(self, stuck: list[Stuck]) -> None:
         """A sharded unit's work did not stop: note it and stop the process (it exits keeping that unit's Lease)."""
-        self._stuck += names
+        self._stuck += stuck
         self._stop.set()
 
     async def _lead_while(self, stop: asyncio.Event) -> None:
@@ -288,12 +289,13 @@ class Syncer:
                 stuck = await self._end_term()
                 if stuck:
                     self._stuck = stuck
+                    what = ", ".join(map(str, stuck))
                     if self.leadership.lease is not None:
-                        message = (f"{', '.join(stuck)} did not stop within {self._stop_timeout():g}s of the end of "
-                                   f"the leadership term; exiting so that no two leaders act ({self._kept_at_exit()})")
+                        message = (f"{what} did not stop within {self._stop_timeout():g}s of the end of the leadership "
+                                   f"term; exiting so that no two leaders act ({self._kept_at_exit()})")
                     else:
-                        message = (f"{', '.join(stuck)} did not stop within {self._stop_timeout():g}s of being "
-                                   f"stopped; exiting without waiting for them ({self._kept_at_exit()})")
+                        message = (f"{what} did not stop within {self._stop_timeout():g}s of being stopped; exiting "
+                                   f"without waiting for them ({self._kept_at_exit()})")
                     self._log.error(message)
                     raise ControllersStuck(message)
 
@@ -302,7 +304,7 @@ class Syncer:
         kept = []
         if self.leadership.lease is not None:
             kept.append(f"the lease {self.leadership.lease} is not released")
-        if any(name.startswith("unit ") for name in self._stuck):
+        if any(s.unit for s in self._stuck):
             kept.append("the Leases of the stuck shard units are not released")
         if not kept:
             kept.append("leader election is off: no lease is held")
@@ -322,15 +324,16 @@ class Syncer:
         _LEADERSHIPS.inc()
         await asyncio.Future()  # never done: the term's end cancels it
 
-    async def _end_term(self) -> list[str]:
-        """Stop the term's workload and runnables together; the names of those still running."""
+    async def _end_term(self) -> list[Stuck]:
+        """Stop the term's workload and runnables together; what of them is still running."""
         self._leading = False
         self.stores.standby()
         per_term = self.workload.lifetime is Lifetime.TERM
         async with asyncio.TaskGroup() as group:
             work = group.create_task(self.workload.stop()) if per_term else None
             runnables = group.create_task(self.runnables.stop(self._stop_timeout()))
-        return (work.result() if work is not None else []) + [f"runnable {n}" for n in runnables.result()]
+        return (work.result() if work is not None else []) + \
+            [Stuck(StuckKind.RUNNABLE, n) for n in runnables.result()]
 
     async def _shutdown(self) -> None:
         if self.workload.lifetime is Lifetime.PROCESS:  # first: every unit is handed over before anything stops

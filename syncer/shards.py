@@ -66,6 +66,7 @@ from .settings import Sharding
 from .shard_group import ShardGroup, bucket_lease
 from .shard_state import HANDOVER_SECONDS, HANDOVERS, LOST, OWNED, Bucket, Held, Prepares, ShardMetrics, Units
 from .shard_state import UnitState as UnitState  # what ``status()`` shows
+from .workload import Stuck, StuckKind, stuck_controllers
 
 # Unit starts run at most this many at once. A replica taking many buckets together (its first start, a dead
 # replica's share) would otherwise connect to, discover and sync hundreds of members at once, and the event loop
@@ -84,14 +85,14 @@ class ShardCoordinator:
     """
 
     def __init__(self, client: ApiClient, config: Sharding, identity: str, units: Units, *,
-                 supervisor: Supervisor | None = None, on_stuck: Callable[[list[str]], None] = lambda _: None,
+                 supervisor: Supervisor | None = None, on_stuck: Callable[[list[Stuck]], None] = lambda _: None,
                  stop_timeout: float = 60.0, metrics_registry: CollectorRegistry | None = None) -> None:
         self.client = client
         self.config = config
         self.identity = identity
         self.units = units
         self.buckets = config.bucket_count(units.kind)
-        self.stuck: list[str] = []
+        self.stuck: list[Stuck] = []
         self._stuck_buckets: set[str] = set()
         self._on_stuck = on_stuck
         self._stop_timeout = stop_timeout
@@ -206,7 +207,7 @@ class ShardCoordinator:
                 "owned": sum(1 for u in units if u["state"] in OWNED),
                 "units": units, "buckets": buckets,
                 "handovers": [u["unit"] for u in units if u["state"] == UnitState.HANDING_OVER],
-                "stuck": list(self.stuck)}
+                "stuck": [str(s) for s in self.stuck]}
 
     def unit_view(self, name: str, now: float) -> tuple[UnitState, bool]:
         """Unit ``name``'s state here, and whether no live holder renews its bucket's Lease (for the metrics)."""
@@ -439,21 +440,21 @@ class ShardCoordinator:
                 del b.tasks[unit]
             self._wake.set()
 
-    async def _stopped(self, unit: str) -> list[str]:
+    async def _stopped(self, unit: str) -> list[Stuck]:
         """Stop ``unit``'s work; what of it did not stop (empty when it all did)."""
         try:
             async with asyncio.timeout(self._stop_timeout):
-                return await self.units.stop(unit)
+                return stuck_controllers(await self.units.stop(unit), unit)
         except TimeoutError:
-            return [f"unit {unit} (did not stop within {self._stop_timeout:g}s)"]
+            return [Stuck(StuckKind.UNIT, unit, unit, f"did not stop within {self._stop_timeout:g}s")]
         except Exception as e:  # whether its work stopped is unknown: as unsafe as a stuck one
             self._log.opt(exception=e).error("stopping unit {} failed", unit)
-            return [f"unit {unit} (stopping failed: {describe_error(e)})"]
+            return [Stuck(StuckKind.UNIT, unit, unit, f"stopping failed: {describe_error(e)}")]
 
-    def _stuck(self, b: Bucket, stuck: list[str]) -> None:
+    def _stuck(self, b: Bucket, stuck: list[Stuck]) -> None:
         self.stuck += stuck
         self._stuck_buckets.add(b.name)
-        self._log.error("bucket {}: {} did not stop; its Lease is kept", b.name, ", ".join(stuck))
+        self._log.error("bucket {}: {} did not stop; its Lease is kept", b.name, ", ".join(map(str, stuck)))
         self._on_stuck(stuck)
 
     def _end(self, b: Bucket, *, release: bool, why: str) -> None:

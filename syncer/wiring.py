@@ -21,7 +21,7 @@ from informers.wanted import WatchMode
 
 from .plugins import Plugins
 from .settings import Clusters, Settings, UnitKind
-from .workload import Process, Stuck, Workload
+from .workload import OnStuck, Process, Workload
 
 if TYPE_CHECKING:
     from controllers.cluster_registry import ClusterRegistry
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from controllers.provider import ClusterProvider
 
 
-def build_workload(process: Process, plugins: Plugins, on_stuck: Stuck) -> Workload:
+def build_workload(process: Process, plugins: Plugins, on_stuck: OnStuck) -> Workload:
     """The workload of ``process.settings``' mode over ``plugins``; ``on_stuck(names)``: work of a sharded unit did
     not stop in time (the process must exit)."""
     s = process.settings

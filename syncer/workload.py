@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from controllers import Fence
 from controllers.health import HealthItem
@@ -48,10 +48,39 @@ class WorkloadStatus:
     sharding: dict[str, Any] | None = None
 
 
+class StuckKind(enum.StrEnum):
+    """What kind of work did not stop."""
+
+    CONTROLLER = "controller"
+    FLEET_CONTROLLER = "fleet controller"
+    FLEET_COMPONENT = "fleet component"
+    RUNNABLE = "runnable"
+    UNIT = "unit"  # a shard unit whose stop timed out or failed: whether its work stopped is unknown
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Work that did not stop in time: the process must exit. ``unit``: the shard unit it ran in (its Lease is
+    kept at exit, so no other replica takes the unit while it may still act); ``detail``: how it failed."""
+
+    kind: StuckKind
+    name: str
+    unit: str = ""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}" + (f" ({self.detail})" if self.detail else "")
+
+
+def stuck_controllers(names: Iterable[str], unit: str = "") -> list[Stuck]:
+    """The controllers ``names`` (a manager's ``stop()`` answer) as stuck work."""
+    return [Stuck(StuckKind.CONTROLLER, name, unit) for name in names]
+
+
 class Workload(Protocol):
     """One mode's work. ``start(fence)`` returns once it is started (``fence``: the term's, or ``OPEN`` for a
-    process-long one); ``stop()`` stops it, drained, and returns the names of what did not stop in time (the
-    process must then exit); both may be called again (a new term), and ``stop()`` without a ``start()``.
+    process-long one); ``stop()`` stops it, drained, and returns what did not stop in time (the process must then
+    exit); both may be called again (a new term), and ``stop()`` without a ``start()``.
     ``standby_gvrs()``: the local factory's GVRs its next term will read, which a standby keeps synced (empty for
     a process-long workload)."""
 
@@ -61,7 +90,7 @@ class Workload(Protocol):
 
     async def start(self, fence: Fence) -> None: ...
 
-    async def stop(self) -> list[str]: ...
+    async def stop(self) -> list[Stuck]: ...
 
     def status(self) -> WorkloadStatus: ...
 
@@ -76,7 +105,7 @@ class RegistryMaker(Protocol):
                  coordinator: Coordinator | None = None) -> ClusterRegistry: ...
 
 
-Stuck = Callable[[list[str]], None]
+OnStuck = Callable[[list[Stuck]], None]
 
 
 @dataclass(frozen=True)

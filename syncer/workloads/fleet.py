@@ -24,7 +24,7 @@ from controllers.health import HealthItem
 from informers import GVR, TaskHandle
 
 from ..plugins import Plugins
-from ..workload import Lifetime, Process, RegistryMaker, WorkloadStatus
+from ..workload import Lifetime, Process, RegistryMaker, Stuck, StuckKind, WorkloadStatus, stuck_controllers
 
 
 @runtime_checkable
@@ -80,24 +80,24 @@ class Fleet:
             p.supervisor.spawn(f"fleet component {component.name}", _runner(partial(component.run, scope)))
         await registry.start()
 
-    async def stop(self) -> list[str]:
-        """Stop the fleet controllers and every cluster's controllers, then the registry; the stuck names."""
+    async def stop(self) -> list[Stuck]:
+        """Stop the fleet controllers and every cluster's controllers, then the registry; what did not stop."""
         loops, self.loops = self.loops, []
         registry, self.registry = self.registry, None
         per_cluster, self.per_cluster = self.per_cluster, None
-        stuck: list[str] = []
+        stuck: list[Stuck] = []
         if per_cluster is not None:
             # Together, within one bound: the fleet loops and every cluster's controllers share the lease margin.
-            tasks = [f"fleet controller {loop.name}" for loop in loops] + \
-                [f"fleet component {c.name}" for c in self.plugins.components]
-            ended, stuck = await asyncio.gather(
-                asyncio.gather(*(self.process.supervisor.cancel(task, self.stop_timeout) for task in tasks)),
+            tasks = [Stuck(StuckKind.FLEET_CONTROLLER, loop.name) for loop in loops] + \
+                [Stuck(StuckKind.FLEET_COMPONENT, c.name) for c in self.plugins.components]
+            ended, names = await asyncio.gather(
+                asyncio.gather(*(self.process.supervisor.cancel(str(task), self.stop_timeout) for task in tasks)),
                 per_cluster.stop())
-            stuck = [task for task, done in zip(tasks, ended) if not done] + [f"controller {n}" for n in stuck]
+            stuck = [task for task, done in zip(tasks, ended) if not done] + stuck_controllers(names)
         if registry is not None and not stuck:
             await registry.stop()
             if per_cluster is not None:  # what the members' cleanups stopped meanwhile, and did not stop
-                stuck = [f"controller {n}" for n in await per_cluster.stop()]
+                stuck = stuck_controllers(await per_cluster.stop())
         return stuck
 
     def status(self) -> WorkloadStatus:

@@ -28,7 +28,7 @@ from informers import GVR
 from ..settings import Settings
 from ..shard_units import ClusterUnits, ControllerUnits
 from ..shards import ShardCoordinator
-from ..workload import WARM_STANDBY, Lifetime, Process, RegistryMaker, Stuck, WorkloadStatus
+from ..workload import WARM_STANDBY, Lifetime, OnStuck, Process, RegistryMaker, Stuck, WorkloadStatus, stuck_controllers
 from .fleet import cluster_rows, clusters_doc
 
 
@@ -45,7 +45,7 @@ class _Sharded:
 
     lifetime = Lifetime.PROCESS
 
-    def __init__(self, process: Process, controllers: dict[str, ManagedController], on_stuck: Stuck) -> None:
+    def __init__(self, process: Process, controllers: dict[str, ManagedController], on_stuck: OnStuck) -> None:
         self.process = process
         self.controllers = controllers
         self._on_stuck = on_stuck
@@ -61,7 +61,7 @@ class _Sharded:
                                        on_stuck=self._on_stuck, stop_timeout=p.settings.shutdown_timeout / 2)
         await self.shards.start()
 
-    async def _leave(self) -> list[str]:
+    async def _leave(self) -> list[Stuck]:
         """Hand every unit over (``/status`` shows the handovers meanwhile); the units that did not stop."""
         shards, self.shards = self.shards, None
         if shards is None:
@@ -80,7 +80,7 @@ class ShardedControllers(_Sharded):
     """Each managed controller is a unit, run here by a ControllerManager of its own while this replica holds the
     unit's Lease, under that Lease's fence."""
 
-    def __init__(self, process: Process, controllers: dict[str, ManagedController], on_stuck: Stuck) -> None:
+    def __init__(self, process: Process, controllers: dict[str, ManagedController], on_stuck: OnStuck) -> None:
         super().__init__(process, controllers, on_stuck)
         self.units: ControllerUnits | None = None
 
@@ -100,8 +100,8 @@ class ShardedControllers(_Sharded):
         return ControllerManager(f"{p.identity}/{name}", p.factory, {name: self.controllers[name]}, client=p.client,
                                  fence=fence, **p.manager_options(unit_stop_timeout(p.settings)))
 
-    async def stop(self) -> list[str]:
-        """Hand every unit over; the units that did not stop."""
+    async def stop(self) -> list[Stuck]:
+        """Hand every unit over; what of the units did not stop."""
         return await self._leave()
 
     def status(self) -> WorkloadStatus:
@@ -119,7 +119,7 @@ class ShardedClusters(_Sharded):
     holds the member's Lease."""
 
     def __init__(self, process: Process, controllers: dict[str, ManagedController], make_registry: RegistryMaker,
-                 on_stuck: Stuck) -> None:
+                 on_stuck: OnStuck) -> None:
         super().__init__(process, controllers, on_stuck)
         self._make_registry = make_registry
         self.registry: ClusterRegistry | None = None
@@ -137,15 +137,15 @@ class ShardedClusters(_Sharded):
         await self._join(units)
         await self.registry.start()
 
-    async def stop(self) -> list[str]:
+    async def stop(self) -> list[Stuck]:
         """Hand every unit over, then stop the registry of member clusters, unless a unit did not stop (its
-        controllers may still act: the process exits as it is); the stuck names."""
+        controllers may still act: the process exits as it is); what did not stop."""
         stuck = await self._leave()
         if self.registry is not None and not stuck:
             registry, self.registry = self.registry, None
             await registry.stop()
             if self.per_cluster is not None:
-                stuck += [f"controller {n}" for n in await self.per_cluster.stop()]
+                stuck += stuck_controllers(await self.per_cluster.stop())
                 self.per_cluster = None
         return stuck
 

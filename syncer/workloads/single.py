@@ -10,7 +10,7 @@ from controllers import ControllerManager, Fence, ManagedController
 from controllers.health import HealthItem
 from informers import GVR
 
-from ..workload import Lifetime, Process, WorkloadStatus
+from ..workload import Lifetime, Process, Stuck, WorkloadStatus, stuck_controllers
 
 
 class SingleCluster:
@@ -37,10 +37,10 @@ class SingleCluster:
         await manager.start()
         self.manager = manager
 
-    async def stop(self) -> list[str]:
-        """Stop this term's manager; the controllers that did not stop (``controller <name>``)."""
+    async def stop(self) -> list[Stuck]:
+        """Stop this term's manager; the controllers that did not stop."""
         manager, self.manager = self.manager, None
-        return [f"controller {n}" for n in await manager.stop()] if manager is not None else []
+        return stuck_controllers(await manager.stop()) if manager is not None else []
 
     def status(self) -> WorkloadStatus:
         """The manager's controllers, while a term runs."""

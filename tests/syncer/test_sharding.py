@@ -522,3 +522,35 @@ async def test_a_replica_is_told_its_units_before_it_takes_them(control_plane: A
         for c in coordinators.values():
             await c.stop()
         assert all(last_assigned(i) == frozenset() for i in coordinators), events
+
+
+class _StoppingUnits:
+    """Units whose stop answers stuck controllers ("stuck"), hangs ("hangs") or raises ("fails")."""
+
+    kind = UnitKind.CONTROLLERS
+
+    def names(self) -> set[str]:
+        return {"stuck", "hangs", "fails"}
+
+    async def start(self, unit: str, fence: UnitFence) -> None:
+        pass
+
+    async def stop(self, unit: str) -> list[str]:
+        if unit == "hangs":
+            await asyncio.Future()
+        if unit == "fails":
+            raise RuntimeError("boom")
+        return ["reconciler"]
+
+
+async def test_what_a_unit_leaves_running_is_typed_and_names_its_unit() -> None:
+    from kubernetes.client import Configuration
+
+    from syncer.workload import Stuck, StuckKind
+
+    c = ShardCoordinator(ApiClient(Configuration()), config("ns"), "r0", _StoppingUnits(), stop_timeout=0.05)
+    assert await c._stopped("stuck") == [Stuck(StuckKind.CONTROLLER, "reconciler", unit="stuck")]
+    (hangs,) = await c._stopped("hangs")
+    assert (hangs.kind, hangs.unit, str(hangs)) == (StuckKind.UNIT, "hangs", "unit hangs (did not stop within 0.05s)")
+    (fails,) = await c._stopped("fails")
+    assert fails.kind is StuckKind.UNIT and fails.unit == "fails" and "boom" in fails.detail
