@@ -48,7 +48,8 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from informers import GVR, DeletedFinalStateUnknown, NotFound, SharedIndexInformer
+from informers import GVR, NotFound, SharedIndexInformer
+from informers.store import last_state
 from informers.resource import Object
 
 from .context import ControllerContext, ReconcileContext, ReconcileStats
@@ -117,9 +118,8 @@ class _Enqueuer:
             self._enqueue(update_priority(old, new), new, old)
 
     def on_delete(self, obj: Any) -> None:
-        tombstone = isinstance(obj, DeletedFinalStateUnknown)
-        last = obj.obj if tombstone else obj
-        if self._passes("delete", last, None, tombstone):
+        last = last_state(obj)
+        if self._passes("delete", last, None, last is not obj):
             self._enqueue(0, last)
 
 

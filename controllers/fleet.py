@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from informers import (
     GVR, ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory, SharedIndexInformer, UnionInformer,
 )
-from informers.store import DeletedFinalStateUnknown, Obj
+from informers.store import DeletedFinalStateUnknown, Obj, last_state
 from informers.union_lister import UnionLister
 
 from .cluster import LOCAL_CLUSTER, Cluster, ClusterContext, display_name
@@ -325,7 +325,7 @@ class _Enqueuer:
         self.queue = queue
 
     def _add(self, obj: Any, cluster: str, priority: int) -> None:
-        obj = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
+        obj = last_state(obj)
         meta = obj["metadata"]
         self.queue.add(ClusterRequest(LOCAL_CLUSTER if cluster == union_name(LOCAL_CLUSTER) else cluster, meta["name"],
                                       meta.get("namespace") or None), priority)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from informers.store import last_state
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -16,7 +18,7 @@ class Request:
     @classmethod
     def for_object(cls, obj: Any) -> "Request":
         """The request for an object dict (or a ``DeletedFinalStateUnknown`` tombstone)."""
-        obj = getattr(obj, "obj", obj)
+        obj = last_state(obj)
         meta = obj["metadata"]
         return cls(meta["name"], meta.get("namespace") or None)
 

@@ -46,8 +46,8 @@ import orjson
 from loguru import logger
 from prometheus_client import CollectorRegistry
 
-from informers import ClusterNotFound, DeletedFinalStateUnknown, FuncHandler, HandlerRegistration, SharedIndexInformer
-from informers.store import Obj, object_key
+from informers import ClusterNotFound, FuncHandler, HandlerRegistration, SharedIndexInformer
+from informers.store import Obj, last_state, object_key
 from informers.union_informer import SubInformer, UnionInformer
 
 from .context import ReconcileStats
@@ -146,7 +146,7 @@ class UnionController:
             self._ensure_index()
             self._registration = self._records.add_event_handler(FuncHandler(
                 lambda obj, _initial: self._enqueue(obj), self._on_update,
-                lambda obj: self._enqueue(obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj)),
+                lambda obj: self._enqueue(last_state(obj))),
                 name=self.name)
             await loop.run()
         finally:

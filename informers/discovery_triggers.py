@@ -27,7 +27,7 @@ from .errors import ApiError
 from .gvr import GVR
 from .lister import Lister
 from .shared_informer import SharedIndexInformer
-from .store import Obj
+from .store import Obj, last_state
 from .supervisor import Supervisor, TaskHandle
 from .wait import wait_first
 
@@ -75,7 +75,7 @@ class _Handler:
             self.fire()
 
     def on_delete(self, obj: Any) -> None:
-        if self.serves(getattr(obj, "obj", obj)) or _is_crd(getattr(obj, "obj", obj)):
+        if self.serves(last_state(obj)) or _is_crd(last_state(obj)):
             self.fire()
 
 

@@ -23,7 +23,7 @@ from .lister import Lister
 from .metrics import InformerMetrics
 from .object_shard import ObjectShard
 from .reflector import Reflector, ReflectorOptions
-from .store import DeletedFinalStateUnknown, IndexFunc, Obj, Store, object_key
+from .store import DeletedFinalStateUnknown, IndexFunc, Obj, Store, deleted_key, object_key
 
 Transform = Callable[[Obj], Obj]
 
@@ -165,10 +165,8 @@ class HandlerRegistration:
 
 
 def _describe(obj: Any) -> str:
-    if isinstance(obj, DeletedFinalStateUnknown):
-        return obj.key
     try:
-        return object_key(obj)
+        return deleted_key(obj)
     except (KeyError, TypeError):
         return "?"
 

@@ -24,6 +24,16 @@ class DeletedFinalStateUnknown:
     obj: Obj
 
 
+def last_state(obj: "Obj | DeletedFinalStateUnknown") -> Obj:
+    """What a delete handler got, as an object: a tombstone's last known state, or the object itself."""
+    return obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
+
+
+def deleted_key(obj: "Obj | DeletedFinalStateUnknown") -> str:
+    """The key of what a delete handler got (client-go's ``DeletionHandlingMetaNamespaceKeyFunc``)."""
+    return obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj)
+
+
 def object_key(obj: Obj) -> str:
     """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
     meta = obj["metadata"]

@@ -34,7 +34,7 @@ from loguru import logger
 
 from informers import ApiClient, ApiError, FuncHandler, SharedIndexInformer
 from informers.errors import describe_error
-from informers.store import DeletedFinalStateUnknown, Obj
+from informers.store import DeletedFinalStateUnknown, Obj, deleted_key
 
 from .fences import RenewFence
 from .lease import LEASES, LeaseLock, LeaseRecord, LeaseResult, Observation, Outcome
@@ -123,8 +123,7 @@ class ShardGroup:
             self._wake.set()  # a holder changed, a member renewed: not every unit renewal wakes the loop
 
     def _gone(self, obj: Obj | DeletedFinalStateUnknown) -> None:
-        name = (obj.key if isinstance(obj, DeletedFinalStateUnknown) else
-                f"{self.namespace}/{obj['metadata']['name']}").rpartition("/")[2]
+        name = deleted_key(obj).rpartition("/")[2]
         seen = self.seen.get(name)
         if self.is_member(name) or seen is None or not seen.holder:
             self.seen.pop(name, None)

@@ -8,7 +8,7 @@ loads neither the sharding nor the fleet workload.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from loguru import logger
 

@@ -41,7 +41,7 @@ from loguru import logger
 
 from informers import GVR, ApiClient, FuncHandler, SharedIndexInformer, drop_managed_fields
 from informers.errors import describe_error
-from informers.store import DeletedFinalStateUnknown, Obj, object_key
+from informers.store import DeletedFinalStateUnknown, Obj, deleted_key, object_key
 
 from ..provider import ClusterConfig, Conflict, UntrustedKubeconfig
 from .claims import ConflictLog, oldest_first, secret_data
@@ -209,7 +209,7 @@ class ClusterAPIProvider(WatchingProvider):
     def _handler(self, cluster_of: Callable[[str], str | None]) -> FuncHandler:
         """Tell ``changed`` the cluster name ``cluster_of(object name)`` on any event of an object."""
         def tell(obj: Obj | DeletedFinalStateUnknown) -> None:
-            key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj)
+            key = deleted_key(obj)
             name = cluster_of(key.rpartition("/")[2])
             if name:
                 self._tell(name)

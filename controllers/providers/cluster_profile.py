@@ -40,7 +40,7 @@ from loguru import logger
 from informers import GVR, ApiClient, FuncHandler, SharedIndexInformer, drop_managed_fields
 from informers.credentials import API_VERSIONS
 from informers.errors import describe_error
-from informers.store import DeletedFinalStateUnknown, Obj, object_key
+from informers.store import DeletedFinalStateUnknown, Obj, deleted_key, object_key
 
 from ..provider import ClusterConfig, Conflict, UntrustedKubeconfig
 from .watching import ProviderState, WatchingProvider, or_all
@@ -220,7 +220,7 @@ class ClusterProfileProvider(WatchingProvider):
         self._log.info("watching {} (access providers: {})", self.gvr, ", ".join(p.name for p in o.access_providers))
 
         def tell(obj: Obj | DeletedFinalStateUnknown) -> None:
-            self._tell(obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj))
+            self._tell(deleted_key(obj))
 
         for namespace in or_all(o.namespaces):
             inf = SharedIndexInformer(self.management, self.gvr, namespace=namespace,

@@ -20,7 +20,7 @@ from typing import Any
 from loguru import logger
 
 from informers import GVR, ApiClient, FuncHandler, SharedIndexInformer, drop_managed_fields
-from informers.store import DeletedFinalStateUnknown, Obj, object_key
+from informers.store import DeletedFinalStateUnknown, Obj, deleted_key
 
 from ..provider import ClusterConfig, Conflict, NamespaceConnection
 from .watching import ProviderState, WatchingProvider
@@ -40,7 +40,7 @@ class HostNamespacesProvider(WatchingProvider):
                                                transform=drop_managed_fields)
 
         def tell(obj: Obj | DeletedFinalStateUnknown) -> None:
-            self._tell(obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj))
+            self._tell(deleted_key(obj))
 
         self._namespaces.add_event_handler(FuncHandler(lambda obj, _initial: tell(obj), lambda _old, new: tell(new),
                                                        tell), name=name)

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from loguru import logger
 
 from informers import GVR, ApiClient, FuncHandler, SharedIndexInformer, drop_managed_fields, object_key
-from informers.store import DeletedFinalStateUnknown, Obj
+from informers.store import DeletedFinalStateUnknown, Obj, deleted_key
 
 from ..cluster import display_name
 from ..provider import Changed, ClusterConfig, Conflict, UntrustedKubeconfig
@@ -138,7 +138,7 @@ class SecretProvider:
 
     # -- claims ------------------------------------------------------------------------------------------
     def _saw(self, obj: Obj | DeletedFinalStateUnknown) -> None:
-        key = obj.key if isinstance(obj, DeletedFinalStateUnknown) else object_key(obj)
+        key = deleted_key(obj)
         secret = self._find(key)
         previous = self._claims.pop(key, None)
         name = self._cluster_name(secret) if secret is not None else None

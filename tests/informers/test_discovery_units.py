@@ -153,3 +153,12 @@ def test_trigger_view_keeps_what_the_triggers_read_and_drops_schemas() -> None:
            "status": {"conditions": [{"type": "Available", "status": "False", "reason": "MissingEndpoints"}]}}
     view = trigger_view(json.loads(json.dumps(svc)))
     assert view["spec"] == svc["spec"] and _aggregated(view) and not _available(view) and view["kind"] == "APIService"
+
+
+def test_one_helper_unwraps_what_a_delete_handler_gets() -> None:
+    from informers.store import DeletedFinalStateUnknown, deleted_key, last_state
+
+    cm = {"metadata": {"name": "a", "namespace": "ns"}}
+    tombstone = DeletedFinalStateUnknown("ns/a", cm)
+    assert last_state(cm) is cm and last_state(tombstone) is cm
+    assert deleted_key(cm) == deleted_key(tombstone) == "ns/a"

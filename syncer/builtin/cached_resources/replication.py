@@ -55,7 +55,7 @@ from informers import (
     drop_managed_fields,
 )
 from informers.client import CONNECTION_ERRORS
-from informers.store import Obj
+from informers.store import Obj, last_state
 from informers.wait import wait_first
 
 from .naming import (
@@ -246,7 +246,7 @@ class Replication:
             self._map(wrapper, add_priority(is_in_initial_list))
 
     def _map(self, wrapper: Obj | DeletedFinalStateUnknown, priority: int = 0) -> None:
-        obj = wrapper.obj if isinstance(wrapper, DeletedFinalStateUnknown) else wrapper
+        obj = last_state(wrapper)
         request = _source_request(obj)
         if request is not None:
             self._loop.enqueue(request, priority)
