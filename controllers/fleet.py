@@ -48,12 +48,6 @@ from .reconcile import Request, Result
 from .workqueue import WorkQueue
 
 
-def union_name(cluster: str) -> str:
-    """The name of ``cluster`` in a fleet controller's union: a union needs a name, and the local cluster's is
-    empty, so it is shown there (``display_name``); requests still carry ``LOCAL_CLUSTER``."""
-    return display_name(cluster)
-
-
 @dataclass(frozen=True, slots=True)
 class ClusterRequest:
     """A request in one cluster: the fleet work queue's key."""
@@ -96,13 +90,13 @@ class FleetContext:
 
     @property
     def lister(self) -> UnionLister:
-        """Reads across the clusters' caches of the GVR (``get_for_cluster``, ``list_for_cluster``, ...), where the
-        local cluster is named ``union_name("")``."""
+        """Reads across the clusters' caches of the GVR (``get_for_cluster``, ``list_for_cluster``, ...); the local
+        cluster is ``LOCAL_CLUSTER`` there too."""
         return self.union.lister
 
     def get(self, request: ClusterRequest) -> Obj | None:
         """The object of ``request`` in its cluster's cache, or None."""
-        return self.union.lister.get_for_cluster(union_name(request.cluster), request.name, request.namespace)
+        return self.union.lister.get_for_cluster(request.cluster, request.name, request.namespace)
 
 
 CreateReconciler = Callable[[FleetContext], FleetReconciler | Awaitable[FleetReconciler]]
@@ -215,7 +209,7 @@ class FleetLoop:
             if feed.ctx.cancelled():  # decided while the cluster (or this connection of it) was still there
                 return
             feed.informer = informer  # before awaiting: a leave() from now on knows what to take out
-            await self.union.add(union_name(feed.cluster), informer)
+            await self.union.add(feed.cluster, informer)
             self._subs[feed.cluster] = informer
         self._log.info("cluster {} joins fleet controller {} ({} served there)", display_name(feed.cluster),
                        self.name, self.spec.gvr)
@@ -228,7 +222,7 @@ class FleetLoop:
             if self._subs.get(name) is not informer:
                 return
             del self._subs[name]
-            await self.union.remove(union_name(name))
+            await self.union.remove(name)
         self._log.info("cluster {} leaves fleet controller {}", display_name(name), self.name)
         if self._on_leave is not None:
             self._on_leave(name)
@@ -327,8 +321,7 @@ class _Enqueuer:
     def _add(self, obj: Any, cluster: str, priority: int) -> None:
         obj = last_state(obj)
         meta = obj["metadata"]
-        self.queue.add(ClusterRequest(LOCAL_CLUSTER if cluster == union_name(LOCAL_CLUSTER) else cluster, meta["name"],
-                                      meta.get("namespace") or None), priority)
+        self.queue.add(ClusterRequest(cluster, meta["name"], meta.get("namespace") or None), priority)
 
     def on_add(self, obj: Obj, is_in_initial_list: bool, cluster: str) -> None:
         self._add(obj, cluster, add_priority(is_in_initial_list))

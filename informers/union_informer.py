@@ -350,8 +350,8 @@ async def _settle(tasks: list[asyncio.Task[None]]) -> None:
 
 
 def _key(cluster: str) -> str:
-    if not isinstance(cluster, str) or not cluster:
-        raise ValueError(f"a cluster name must be a non-empty string, not {cluster!r}")
+    if not isinstance(cluster, str):  # "" is a name (the fleet's local cluster)
+        raise ValueError(f"a cluster name must be a string, not {cluster!r}")
     return cluster.casefold()
 
 

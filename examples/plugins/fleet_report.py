@@ -109,7 +109,7 @@ class FleetReport:
 
 def _data_key(cluster: str) -> str:
     """The cluster's name as a ConfigMap data key: a Secret's name already is one, but a name from an annotation
-    need not be, nor is the local cluster's (``(local)`` in a union)."""
+    need not be, nor is the local cluster's (empty)."""
     return re.sub(r"[^-._a-zA-Z0-9]", "", cluster) or "local"
 
 

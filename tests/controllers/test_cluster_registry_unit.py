@@ -18,7 +18,7 @@ from controllers.fence import OPEN
 from controllers.member import Member, MemberOptions, MemberState
 from controllers.provider import ClusterConfig, UntrustedKubeconfig
 from controllers.providers.secrets import SecretOptions, SecretProvider
-from controllers.fleet import FleetController, FleetLoop, _Feed, union_name
+from controllers.fleet import FleetController, FleetLoop, _Feed
 from informers import GVR, ApiClient
 from informers.source import Notifier
 from informers.request_metrics import RequestCounts
@@ -199,7 +199,7 @@ async def test_the_local_cluster_joins_a_fleet_union_under_a_name() -> None:
     loop = FleetLoop("f", FleetController(CONFIGMAPS, lambda ctx: None), clients=None)  # type: ignore[arg-type]
     feed = _Feed(loop, ClusterContext(""), "", CONFIGMAPS)
     await feed.on_gvr_synced(CONFIGMAPS, FakeInformer())
-    assert list(loop._subs) == [""] and loop.union.clusters() == [union_name("")] == ["(local)"]
+    assert list(loop._subs) == [""] and loop.union.clusters() == [""]
     await feed.leave()
     assert loop.union.clusters() == []
 

@@ -313,8 +313,8 @@ async def test_reads_and_other_mutations_do_not_wait_for_a_slow_detach(subs):
 async def test_add_rejects_bad_names_and_subs_without_a_lister(subs):
     u = union()
     s = subs()
-    for bad in ("", None, 3):
-        with pytest.raises(ValueError, match="non-empty string"):
+    for bad in (None, 3):
+        with pytest.raises(ValueError, match="must be a string"):
             await u.add(bad, s)
     with pytest.raises(ValueError, match="no lister"):
         await u.add("a", None)

@@ -52,7 +52,7 @@ def test_hook_declares_one_fleet_controller_over_widgets() -> None:
     assert name == "fleet-widgets" and isinstance(spec, FleetController)
     assert spec.gvr == fleet_report.WIDGETS
     # Report keys are ConfigMap data keys, whatever the cluster is called in the union.
-    assert [fleet_report._data_key(c) for c in ("east", "(local)", "a/b")] == ["east", "local", "ab"]
+    assert [fleet_report._data_key(c) for c in ("east", "", "a/b")] == ["east", "local", "ab"]
     with pytest.raises(PluginError, match="namespace"):
         load_plugins(["examples.plugins.fleet_report"], {"fleet_report": {"namespace": ""}}, entry_points=False)
 
