@@ -38,7 +38,7 @@ class _Collector(MetricSet):
         counts = dict.fromkeys((s.value for s in shown), 0)
         for registry in list(self.registries):
             for name, m in sorted(registry.members().items()):
-                member_conditions = m.live_conditions(registry.required)
+                member_conditions = m.current_conditions()
                 counts[m.shown_state(member_conditions).value] += 1
                 for c in member_conditions:
                     if c.status is not None:

@@ -139,8 +139,8 @@ class ClusterRegistry:
         for name, m in sorted(self._members.items()):
             # While a new connection comes up, the old one still serves: the cluster is what the old one is.
             serving = m.serving or m
-            doc = serving.status(self.required)
-            doc["rotation"] = m.status(self.required) if serving is not m else None
+            doc = serving.status()
+            doc["rotation"] = m.status() if serving is not m else None
             clusters.append({"name": name, "display_name": display_name(name), **doc})
         conflicts = [c.as_dict() for c in sorted(self.providers.conflicts(), key=lambda c: c.key)]
         return {"clusters": clusters, "conflicts": conflicts, "providers": self.providers.status()}

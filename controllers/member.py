@@ -14,7 +14,8 @@ within ``sync_timeout`` is engaged anyway (its condition says what is missing: i
 for one forbidden or broken API), and no member ever blocks another.
 
 Conditions (Connected, Discovered, Synced, each with the last error) are the member's. Once it is engaged they
-follow its informers: Connected turns false as soon as a watch fails to reach the server and true as soon as the
+follow its informers, set by the member's own task when its factory says something changed (reads such as
+``/status`` and the metrics change nothing): Connected turns false as soon as a watch fails to reach the server and true as soon as the
 watches work again (the ``/version`` probe only decides for a member whose watches say nothing), and the shown state
 is ``ready`` exactly while every condition holds (``degraded`` when one does not). No polling at steady state: a
 member is asked ``/version`` only after its watches said nothing (no event, bookmark or answer) for
@@ -30,7 +31,7 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 from loguru import logger
 
-from informers import ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory
+from informers import ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory, Subscription
 from informers.errors import describe_error
 from informers.request_metrics import NO_ANSWER
 from informers.untrusted_kubeconfig import KubeconfigError, KubeconfigInvalid, client_from_untrusted_kubeconfig
@@ -185,7 +186,7 @@ class Member:
                     self.to(MemberState.CONNECTING)
             self.cluster = cluster
             await engage(self)
-            await self._probe(env)
+            await self._keep_current(env, cluster)
         finally:
             await teardown(self)
 
@@ -224,33 +225,58 @@ class Member:
                 display_name(self.name), o.sync_timeout, missing)
         return cluster
 
-    async def _probe(self, env: MemberEnv) -> None:
-        """Keep the Connected condition current; informers reconnect by themselves. A member the server said
-        anything for (a watch event or bookmark, an answer to any request) since the last round has shown it is
-        there: only a quiet one is asked, so a fleet's idle cost does not grow by a request per member."""
-        assert self.client is not None
+    async def _keep_current(self, env: MemberEnv, cluster: Cluster) -> None:
+        """Keep the conditions current while engaged, where they change: on its factory's notifications (an
+        informer added, synced, failed or recovered), when the server answers again after a failed probe, when a
+        discovery pass would count as wedged, every second while Discovered is false, and by the ``/version``
+        probe. A member the server said anything for (a watch event or bookmark, an answer to any request) since
+        the last round has shown it is there: only a quiet one is probed, so a fleet's idle cost does not grow by
+        a request per member."""
+        client = cluster.client
         log = logger.bind(component=env.component)
         connected = self.conditions[ConditionType.CONNECTED]
-        heard = self.heard()
-        while True:
-            await asyncio.sleep(env.options.probe_interval)
-            before, heard = heard, self.heard()
-            if heard != before and connected.status:
-                continue
-            answers = self.client.recoveries
-            try:
-                await self.client.request("GET", "/version", timeout=env.options.connect_timeout)
-            except Exception as e:
-                if connected.status:
-                    log.warning("cluster {}: not reachable ({})", display_name(self.name), describe_error(e))
-                connected.set(False, type(e).__name__, describe_error(e))
-                self.probe_failed_at, self.watch_failed = answers, False
-            else:
-                if connected.status is False:
-                    log.info("cluster {}: reachable again", display_name(self.name))
-                connected.set(True, "Connected", connected.message if connected.reason == "Connected" else "")
-                self.probe_failed_at, self.watch_failed = None, False
-            heard = self.heard()  # the probe's own answer says nothing about the next round
+        loop = asyncio.get_running_loop()
+        sub_id = f"{env.component} conditions {id(self)}"
+        changes = cluster.factory.subscribe(sub_id)
+        try:
+            heard = self.heard()
+            probe_at = loop.time() + env.options.probe_interval
+            while True:
+                look_again = self._refresh(cluster, env.required)
+                wait = probe_at - loop.time()
+                if look_again is not None:
+                    wait = min(wait, look_again)
+                if self.probe_failed_at is not None:
+                    await wait_first(_next(changes), client.answered_again(self.probe_failed_at),
+                                     timeout=max(wait, 0))
+                else:
+                    try:
+                        async with asyncio.timeout(max(wait, 0)):
+                            await _next(changes)
+                    except TimeoutError:
+                        pass
+                if loop.time() < probe_at:
+                    continue
+                probe_at = loop.time() + env.options.probe_interval
+                before, heard = heard, self.heard()
+                if heard != before and connected.status:
+                    continue
+                answers = client.recoveries
+                try:
+                    await client.request("GET", "/version", timeout=env.options.connect_timeout)
+                except Exception as e:
+                    if connected.status:
+                        log.warning("cluster {}: not reachable ({})", display_name(self.name), describe_error(e))
+                    connected.set(False, type(e).__name__, describe_error(e))
+                    self.probe_failed_at, self.watch_failed = answers, False
+                else:
+                    if connected.status is False:
+                        log.info("cluster {}: reachable again", display_name(self.name))
+                    connected.set(True, "Connected", connected.message if connected.reason == "Connected" else "")
+                    self.probe_failed_at, self.watch_failed = None, False
+                heard = self.heard()  # the probe's own answer says nothing about the next round
+        finally:
+            cluster.factory.unsubscribe(sub_id)
 
     async def release(self, env: MemberEnv) -> None:
         """Stop the member's factory and close its client (neither when they are the management cluster's), to
@@ -281,25 +307,26 @@ class Member:
             if self.client is not None else 0
         return events, answers
 
-    def live_conditions(self, required: Iterable[Any]) -> list[Condition]:
-        """The conditions, made live from the watches and discovery once engaged (read by ``status()`` and the
-        metrics, so both show what the informers see at that moment)."""
+    def _refresh(self, cluster: Cluster, required: Iterable[Any]) -> float | None:
+        """Set the conditions from the watches and discovery as they are now; in how many seconds to look again
+        without a notification (None: at the next one)."""
         conditions = self.conditions
-        if self.cluster is not None and self.ctx is not None and not self.ctx.cancelled():
-            self._follow_watches(self.cluster)
-            problems = self.cluster.factory.supervisor.problems()
-            if problems:
-                conditions[ConditionType.DISCOVERED].set(False, "DiscoveryFailing", "; ".join(
-                    f"{h.name}: {h.last_error}" for h in problems))
-            elif conditions[ConditionType.DISCOVERED].status is False:
-                conditions[ConditionType.DISCOVERED].set(True, "Discovered")
-            missing = self.cluster.not_synced(required)
-            if missing:
-                conditions[ConditionType.SYNCED].set(False, "NotSynced", "informers not synced or failing: " +
-                                                     ", ".join(map(str, missing)))
-            else:
-                conditions[ConditionType.SYNCED].set(True, "Synced")
-        return [conditions[t] for t in ConditionType]
+        self._follow_watches(cluster)
+        supervisor = cluster.factory.supervisor
+        problems = supervisor.problems()
+        if problems:
+            conditions[ConditionType.DISCOVERED].set(False, "DiscoveryFailing", "; ".join(
+                f"{h.name}: {h.last_error}" for h in problems))
+        elif conditions[ConditionType.DISCOVERED].status is False:
+            conditions[ConditionType.DISCOVERED].set(True, "Discovered")
+        missing = cluster.not_synced(required)
+        if missing:
+            conditions[ConditionType.SYNCED].set(False, "NotSynced", "informers not synced or failing: " +
+                                                 ", ".join(map(str, missing)))
+        else:
+            conditions[ConditionType.SYNCED].set(True, "Synced")
+        # Nothing says when a wedged pass ends, or when a busy one becomes wedged: time says.
+        return 1.0 if problems else supervisor.next_wedge_in()
 
     def _follow_watches(self, cluster: Cluster) -> None:
         """Connected as the engaged member's watches have it: false while one cannot reach the server, true again
@@ -330,9 +357,13 @@ class Member:
             return MemberState.STOPPING
         return self.state
 
-    def status(self, required: Iterable[Any]) -> dict[str, Any]:
+    def current_conditions(self) -> list[Condition]:
+        """The conditions, in their order (kept current by the member's own task: reading changes nothing)."""
+        return [self.conditions[t] for t in ConditionType]
+
+    def status(self) -> dict[str, Any]:
         """Its ``/status`` row (without the name)."""
-        conditions = self.live_conditions(required)
+        conditions = self.current_conditions()
         state = self.shown_state(conditions)
         return {"source": self.config.source, "state": state.value, "ready": state is MemberState.READY,
                 "attempts": self.attempts, "conditions": [c.as_dict() for c in conditions]}
@@ -355,6 +386,14 @@ def connect(config: ClusterConfig, management: ApiClient, allowed_exec_commands:
                                                   source=config.source)
     client.http2 = management.http2  # the process's choice (setting ``http2``) holds for members
     return client
+
+
+async def _next(changes: Subscription) -> None:
+    """The next change; once the subscription has ended (its factory shut down), never."""
+    try:
+        await anext(changes)
+    except StopAsyncIteration:
+        await asyncio.Future()
 
 
 async def _wait_synced(cluster: Cluster, required: frozenset[Any], timeout: float, sub_id: str) -> bool:

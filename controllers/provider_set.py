@@ -22,6 +22,7 @@ from informers import Supervisor, TaskHandle
 from .cluster import display_name
 from .provider import ClusterConfig, ClusterProvider, Conflict
 from .keyed_loop import KeyedLoop
+from .providers.claims import ConflictLog
 from .workqueue import WorkQueue
 
 
@@ -42,24 +43,14 @@ class ProviderSet:
         self._loop = KeyedLoop(f"{name} providers", self._queue, self._settle, log=logger.bind(component=name),
                                action="settling cluster {}")
         self._on_change: Callable[[str], None] = lambda _: None
-        self._logged: set[tuple[str, str, str]] = set()  # cross-provider conflicts logged: (cluster, loser, holder)
+        self._conflicts = ConflictLog(name)
         self._started = False
         self._listed = False  # every provider has listed (or sync_timeout passed) and their names were queued
         self._log = logger.bind(component=name)
 
     def get(self, cluster: str) -> ClusterConfig | None:
         """The config of the first provider that gives ``cluster`` (the others' claims are conflicts)."""
-        found = [(p, c) for p in self.providers if (c := p.get(cluster)) is not None]
-        if not found:
-            return None
-        (holder, config), others = found[0], found[1:]
-        for provider, other in others:
-            key = (cluster, other.source, config.source)
-            if key not in self._logged:
-                self._logged.add(key)
-                self._log.error("cluster {!r} from {} (provider {}) is ignored: {} (provider {}, listed first) holds "
-                                "it", display_name(cluster), other.source, provider.name, config.source, holder.name)
-        return config
+        return next((c for p in self.providers if (c := p.get(cluster)) is not None), None)
 
     def names(self) -> set[str]:
         """Every cluster some provider gives."""
@@ -121,4 +112,14 @@ class ProviderSet:
         await self._loop.run()
 
     async def _settle(self, name: str) -> None:
+        self._report(name)
         self._on_change(name)
+
+    def _report(self, cluster: str) -> None:
+        """Log the claims on ``cluster`` that lose to a provider listed earlier (once each)."""
+        found = [(p, c) for p in self.providers if (c := p.get(cluster)) is not None]
+        for provider, other in found[1:]:
+            holder, config = found[0]
+            self._conflicts.lost(f"{other.source} (provider {provider.name})", cluster,
+                                 f"{config.source} (provider {holder.name}, listed first)",
+                                 "the first provider in clusters.providers that gives a name holds it")

@@ -137,7 +137,8 @@ class DiscoveringDynamicSharedInformerFactory:
 
     # -- InformerSource ----------------------------------------------------------------------------------
     def subscribe(self, id: str) -> Subscription:
-        """Subscribe to changes (set changed, informer synced); re-subscribing ``id`` replaces it."""
+        """Subscribe to changes (set changed; an informer synced, failed or recovered); re-subscribing ``id``
+        replaces it."""
         return self._notifier.subscribe(id)
 
     def unsubscribe(self, id: str) -> None:

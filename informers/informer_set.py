@@ -3,7 +3,8 @@
 It starts them (``adopt``), stops them (``stop``, removal hooks first, so the controllers using a GVR stop while
 its cache is still whole; kcp stops a vanished GVR's informer at once), and brings the set to a pass's wanted set
 (``reconcile``), replacing an informer whose CRD was deleted and recreated (new uid) between passes. Subscribers
-are notified when an informer becomes synced; GVR handlers get per-GVR added/synced/removed events.
+are notified when an informer becomes synced, fails or recovers (what ``informers()`` and ``last_error`` say
+changed); GVR handlers get per-GVR added/synced/removed events.
 """
 
 from __future__ import annotations
@@ -87,10 +88,18 @@ class InformerSet:
     def adopt(self, gvr: GVR) -> None:
         """Start the informer of ``gvr`` (made by the factory if need be) and announce it."""
         inf, _ = self.factory.for_resource(gvr)
-        inf.add_error_listener(lambda e: self._on_not_found() if isinstance(e, ApiError) and e.status == 404 else None)
+        inf.add_error_listener(self._failed)
+        inf.add_recovery_listener(self._notifier.notify_all)
         inf.start()
         self._adopted[gvr] = asyncio.create_task(self._announce_sync(gvr, inf), name=f"sync watch {gvr}")
         self._listeners.emit("on_gvr_added", gvr, inf)
+
+    def _failed(self, e: Exception) -> None:
+        """An informer's list or watch failed: its subscribers re-read its state (``last_error``); a 404 may mean
+        its GVR is gone."""
+        self._notifier.notify_all()
+        if isinstance(e, ApiError) and e.status == 404:
+            self._on_not_found()
 
     async def _announce_sync(self, gvr: GVR, inf: SharedIndexInformer) -> None:
         await inf.wait_for_sync()

@@ -146,8 +146,8 @@ class Reflector:
         self, client: ApiClient, gvr: GVR, sink: ReflectorSink, *, namespace: str | None = None,
         label_selector: str | None = None, field_selector: str | None = None,
         options: ReflectorOptions | None = None, metrics: InformerMetrics | None = None,
-        on_error: Callable[[Exception], None] | None = None, transform: Callable[[Obj], Obj] | None = None,
-        shard: ObjectShard | None = None,
+        on_error: Callable[[Exception], None] | None = None, on_recovered: Callable[[], None] | None = None,
+        transform: Callable[[Obj], Obj] | None = None, shard: ObjectShard | None = None,
     ) -> None:
         self.client = client
         self.gvr = gvr
@@ -164,6 +164,7 @@ class Reflector:
         # A sharded informer syncs by list: only a list answer says whether the server applied the shard selector.
         self.use_watch_list = False if shard is not None else self.options.watch_list
         self._on_error = on_error
+        self._on_recovered = on_recovered
         # Applied as each object is decoded, so that what it drops (managedFields) never piles up in a big
         # list or the watch-list's pending set: freed later, that memory would stay with the process.
         self._transform = transform
@@ -323,8 +324,15 @@ class Reflector:
             self._need_list = True
             self._m_relists.labels(*self._series, reason).inc()
 
+    def _clear_error(self) -> None:
+        """The last failure no longer describes the reflector: tell ``on_recovered`` if there was one."""
+        if self.last_error is not None:
+            self.last_error = None
+            if self._on_recovered is not None:
+                self._on_recovered()
+
     def _succeeded(self) -> None:
-        self.last_error = None
+        self._clear_error()
         self._unreachable = self._shortcut_taken = self._resuming = False
         self._init_backoff.reset()
         self._resume_backoff.reset()
@@ -443,7 +451,7 @@ class Reflector:
                                       **self._watch_kwargs) as events:
             # Watching again: the last failure no longer describes the informer (it shows in status and
             # per-cluster readiness until now).
-            self.last_error = None
+            self._clear_error()
             # A watch re-opened after a connection failure ends that failure streak with its first event: the
             # next cut (one dead HTTP/2 connection fails every watch on it at once) gets the shortcut again
             # instead of sleeping out a backoff grown by the cut before.

@@ -201,10 +201,12 @@ class SharedIndexInformer:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._error_listeners: list[Callable[[Exception], None]] = []
+        self._recovery_listeners: list[Callable[[], None]] = []
         self._change_waiters: list[asyncio.Future[None]] = []
         self.reflector = Reflector(
             client, gvr, self, namespace=namespace, label_selector=label_selector, field_selector=field_selector,
             options=options, metrics=self._metrics, on_error=self._reflector_error,
+            on_recovered=self._reflector_recovered,
             transform=_then_freeze(transform) if self._read_only else transform, shard=shard,
         )
         self._metrics.objects.labels(*self._series).set_function(lambda: len(self.store))
@@ -278,14 +280,26 @@ class SharedIndexInformer:
         """
         self._error_listeners.append(listener)
 
+    def add_recovery_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` when a list or watch works again after a failure (``last_error`` is cleared); a
+        listener that raises is logged and skipped."""
+        self._recovery_listeners.append(listener)
+
     def _reflector_error(self, e: Exception) -> None:
         for listener in self._error_listeners:
-            try:
-                listener(e)
-            except Exception:
-                logger.bind(gvr=self._gvr_label).exception(
-                    "error listener {} of {} failed on {!r}", getattr(listener, "__qualname__", repr(listener)),
-                    self.gvr, e)
+            self._call_listener(listener, e)
+
+    def _reflector_recovered(self) -> None:
+        for listener in self._recovery_listeners:
+            self._call_listener(listener)
+
+    def _call_listener(self, listener: Callable[..., None], *args: Any) -> None:
+        try:
+            listener(*args)
+        except Exception:
+            logger.bind(gvr=self._gvr_label).exception(
+                "listener {} of {} failed ({!r})", getattr(listener, "__qualname__", repr(listener)), self.gvr,
+                args[0] if args else "recovered")
 
     # -- handlers ----------------------------------------------------------------------------------------
     def add_event_handler(

@@ -162,6 +162,13 @@ class Supervisor:
         """The tasks that are dead or wedged."""
         return [h for h in self.health() if not h.healthy]
 
+    def next_wedge_in(self) -> float | None:
+        """Seconds until a task busy now would count as wedged (None if none is busy with a bound): when to look
+        again for whoever reports ``problems()`` as it changes."""
+        now = time.monotonic()
+        return min((h.wedge_after - (now - h.busy_since) for h in self._handles.values()
+                    if h.wedge_after is not None and h.busy_since is not None), default=None)
+
     async def _run(self, handle: TaskHandle, body: Body) -> None:
         while True:
             handle.state = TaskState.RUNNING

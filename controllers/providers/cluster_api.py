@@ -110,13 +110,15 @@ class ClusterAPIProvider(WatchingProvider):
     def get(self, cluster: str) -> ClusterConfig | None:
         """The config of member ``cluster``: its holder's kubeconfig Secret, if it counts (module docstring)."""
         claimants = self._claimants(cluster)
-        if not claimants:
-            return None
-        holder = f"cluster {object_key(claimants[0])}"
+        return self._config(claimants[0]) if claimants else None
+
+    def _report(self, cluster: str) -> None:
+        """Log the Clusters that lose ``cluster``'s name (once each), as the caches have it after an event."""
+        claimants = self._claimants(cluster)
         for other in claimants[1:]:
-            self._conflicts.lost(f"cluster {object_key(other)}", cluster, holder, "the oldest Cluster of that name "
-                                 "holds it; rename one, or narrow clusters.cluster_api.namespaces")
-        return self._config(claimants[0])
+            self._conflicts.lost(f"cluster {object_key(other)}", cluster, f"cluster {object_key(claimants[0])}",
+                                 "the oldest Cluster of that name holds it; rename one, or narrow "
+                                 "clusters.cluster_api.namespaces")
 
     def names(self) -> set[str]:
         """The members' names."""
@@ -212,6 +214,7 @@ class ClusterAPIProvider(WatchingProvider):
             key = deleted_key(obj)
             name = cluster_of(key.rpartition("/")[2])
             if name:
+                self._report(name)
                 self._tell(name)
 
         return FuncHandler(lambda obj, _initial: tell(obj), lambda _old, new: tell(new), tell)

@@ -84,13 +84,9 @@ class SecretProvider:
         claimants = self._claimants(cluster)
         if not claimants:
             return None
-        (key, secret), others = claimants[0], claimants[1:]
-        source = f"secret {key}"
-        for other, _ in others:
-            self._conflicts.lost(f"secret {other}", cluster, source, "the oldest Secret naming it holds it; rename "
-                                 f"one, or set annotation {self.options.name_annotation}")
-        return ClusterConfig(cluster, source, UntrustedKubeconfig(secret_data(secret, self.options.data_key),
-                                                                  f"data key {self.options.data_key!r}"))
+        key, secret = claimants[0]
+        return ClusterConfig(cluster, f"secret {key}", UntrustedKubeconfig(secret_data(secret, self.options.data_key),
+                                                                           f"data key {self.options.data_key!r}"))
 
     def names(self) -> set[str]:
         """Every valid cluster name some Secret gives."""
@@ -149,7 +145,15 @@ class SecretProvider:
                     "secret {}: annotation {} names cluster {!r}, which is not a DNS-1123 subdomain (lowercase); "
                     "it is ignored", key, self.options.name_annotation, name)
         for cluster in dict.fromkeys(n for n in (previous, name) if n is not None and CLUSTER_NAME.match(n)):
+            self._report(cluster)
             self._changed(cluster)
+
+    def _report(self, cluster: str) -> None:
+        """Log the Secrets that lose ``cluster``'s name (once each), as the caches have it after an event."""
+        claimants = self._claimants(cluster)
+        for other, _ in claimants[1:]:
+            self._conflicts.lost(f"secret {other}", cluster, f"secret {claimants[0][0]}", "the oldest Secret naming "
+                                 f"it holds it; rename one, or set annotation {self.options.name_annotation}")
 
     def _find(self, key: str) -> Obj | None:
         namespace, _, name = key.rpartition("/")

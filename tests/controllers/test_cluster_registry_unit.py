@@ -48,6 +48,9 @@ class _Supervisor:
     def problems(self) -> list[Any]:
         return []
 
+    def next_wedge_in(self) -> float | None:
+        return None
+
 
 class FakeFactory:
     def __init__(self, client: Any, name: str) -> None:
@@ -322,3 +325,26 @@ def test_a_member_moves_only_along_its_transitions() -> None:
         m.to(MemberState.STOPPING)  # a second cancellation would cut the teardown short
     m.to(MemberState.STOPPED)
     assert m.ending
+
+
+async def test_reading_status_and_metrics_changes_nothing(registry: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from controllers.cluster_metrics import track
+
+    reg, secrets = registry
+    metrics = CollectorRegistry()
+    track(reg, metrics)
+    put(reg, secrets, b"v1")
+    await eventually(lambda: reg.list_clusters() == ["c1"], 5, "c1 engaged")
+    m = reg._members["c1"]
+    await eventually(lambda: m.conditions[member.ConditionType.SYNCED].status is True, 5, "Synced set by the member")
+    refreshes: list[str] = []
+    monkeypatch.setattr(member.Member, "_refresh", lambda self, *a: refreshes.append(self.name))
+    before = [(c.status, c.reason, c.since) for c in m.current_conditions()]
+    for _ in range(3):
+        reg.status()
+        generate_latest(metrics)
+    assert refreshes == [] and [(c.status, c.reason, c.since) for c in m.current_conditions()] == before
+    async with asyncio.timeout(5):
+        await reg.stop()

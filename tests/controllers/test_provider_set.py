@@ -87,3 +87,25 @@ async def test_a_stopped_set_is_not_started_again() -> None:
     await both.stop()
     with pytest.raises(RuntimeError, match="run once"):
         await both.start(seen.append)
+
+
+async def test_a_losing_claim_is_logged_once_when_it_changes_never_on_a_read() -> None:
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="ERROR", format="{message}")
+    try:
+        first, second = fake("secrets", {"east": b"a"}), fake("cluster-api", {"east": b"b"})
+        both = ProviderSet([first, second])
+        for _ in range(3):
+            both.get("east"), both.names(), both.conflicts(), both.status()
+        assert lines == []  # reads say nothing
+        await both.start(lambda _: None)
+        await eventually(lambda: both.synced(), 5, "synced")
+        second.changed("east")
+        await eventually(lambda: both.synced(), 5, "settled again")
+        (line,) = lines
+        assert "cluster-api east (provider cluster-api) names cluster 'east'" in line and "listed first" in line
+        await both.stop()
+    finally:
+        logger.remove(sink)
