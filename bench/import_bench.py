@@ -47,10 +47,10 @@ PACKAGES = ["asyncio", "ssl", "aiohttp", "aiohttp.web", "kubernetes", "kubernete
             "sortedcontainers"]
 OURS = ["informers.client", "informers.untrusted_kubeconfig", "informers", "controllers",
         "controllers.cluster_registry", "syncer.settings", "syncer.plugins", "syncer.http", "syncer.leader",
-        "syncer.shards", "syncer.webhook.service", "syncer.builtin.cached_resources", "syncer.runtime", "syncer.cli"]
+        "syncer.sharding.coordinator", "syncer.webhook.service", "syncer.builtin.cached_resources", "syncer.runtime", "syncer.cli"]
 # Imported or not, after a module (see _PROBE); our own lazy parts by their package.
 WATCHED = ["kubernetes", "aiohttp", "aiohttp.web", "cryptography", "dynaconf", "tenacity", "syncer.webhook.service",
-           "syncer.shards", "syncer.leader", "syncer.debug", "syncer.builtin.cached_resources"]
+           "syncer.sharding.coordinator", "syncer.leader", "syncer.debug", "syncer.builtin.cached_resources"]
 _PROBE = f"""
 import sys
 def rss():

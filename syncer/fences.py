@@ -11,9 +11,9 @@ revive it, the next take is a new tenure and a new fence. So:
 
 - leader election (``leader.py``): each term is a ``TermFence``, handed to every controller and client the term
   starts (``LeaderElector.fence()``);
-- sharding (``shards.py``): each tenure of a bucket Lease is a ``BucketTenure``, and each unit of the bucket gets
+- sharding (``sharding/coordinator.py``): each tenure of a bucket Lease is a ``BucketTenure``, and each unit of the bucket gets
   a ``UnitFence`` that holds exactly while it does, handed to that unit's controllers and clients only (what
-  ``Units.start`` gets; a member cluster is engaged under it, ``shard_units.ClusterUnits``, and one held by
+  ``Units.start`` gets; a member cluster is engaged under it, ``sharding.units.ClusterUnits``, and one held by
   another replica is not engaged here at all). A replica's member Lease has a plain ``RenewFence``, which
   fences no write: it says whether this replica counts itself a member, and a renewal after a lapse does revive
   it (the replica rejoins, judging every Lease afresh);

@@ -14,7 +14,7 @@ finds its fence closed before any of its queued work runs. The standby cannot ta
 the old term's controllers must stop.
 
 The Lease rules (what was observed when, transitions) and its requests are ``lease.py``'s, the term's fence
-``fences.py``'s, shared with the shard coordinator (``shards.py``), for which a leadership term is the one-unit
+``fences.py``'s, shared with the shard coordinator (``sharding/coordinator.py``), for which a leadership term is the one-unit
 case. A term is a tenure: once it has ended (its deadline passed, or the Lease was seen held by another or
 deleted) it is over for good, even if a renewal sent before then succeeds after; the next take is a new term.
 

@@ -1,7 +1,7 @@
 """Leases, as client-go's ``leaderelection/resourcelock`` reads and writes them: the record a Lease holds
 (``LeaseRecord``), the one lock that reads and writes ``coordination.k8s.io/v1`` Leases (``LeaseLock``), and what
 this process has observed of a record (``Observation``). The leader elector (one Lease, ``leader.py``) and the
-shard coordinator (a Lease per member and per bucket of work, ``shards.py``) both use them; no other module sends a
+shard coordinator (a Lease per member and per bucket of work, ``sharding/coordinator.py``) both use them; no other module sends a
 Lease request.
 
 What a candidate may do with a Lease is decided from what it has *observed*, never from the holder's

@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 from syncer.settings import Sharding
-from syncer.shards import ShardCoordinator, UnitFence, UnitState
+from syncer.sharding.coordinator import ShardCoordinator, UnitFence, UnitState
 
 
 class Recorder:

@@ -197,7 +197,7 @@ class UnitKind(StrEnum):
 @dataclass(frozen=True)
 class Sharding:
     """Scale-out, table ``[sharding]``: the replicas share the work, each unit of it fenced by its own Lease
-    (see ``syncer/shards.py``).
+    (see ``syncer/sharding/coordinator.py``).
 
     - ``enabled``: on (off: the leader, or with election off every replica, runs all the controllers).
     - ``units``: what is spread: ``"clusters"`` (each member cluster with its controllers; needs ``[clusters]``

@@ -1,6 +1,6 @@
 """Sharded: with ``[sharding] enabled`` the controllers (or, in multi-cluster mode, the member clusters) are
 spread over every replica, hashed into buckets each under its own Lease (a controller is a bucket of its own;
-``syncer/shards.py``, ``syncer/shard_units.py``).
+``syncer/sharding/coordinator.py``, ``syncer/sharding/units.py``).
 
 The coordinator runs for the whole process: it joins once discovery is done, on every replica, whatever the
 election says, and a stop request hands every unit over before anything else stops. Leader election, if on,
@@ -26,8 +26,8 @@ from controllers.health import HealthItem
 from informers import GVR
 
 from ..settings import Settings
-from ..shard_units import ClusterUnits, ControllerUnits
-from ..shards import ShardCoordinator
+from ..sharding.units import ClusterUnits, ControllerUnits
+from ..sharding.coordinator import ShardCoordinator
 from ..workload import WARM_STANDBY, Lifetime, OnStuck, Process, RegistryMaker, Stuck, WorkloadStatus, stuck_controllers
 from .fleet import cluster_rows, clusters_doc
 

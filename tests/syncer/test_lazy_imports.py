@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # (a kubeconfig Secret's client certificate, the webhook server's certificates), dynaconf (reading settings),
 # tenacity (the sidecar's connect retries) and the sidecar's optional parts.
 LAZY = ["kubernetes", "cryptography", "dynaconf", "tenacity", "aiohttp.web", "syncer.webhook.service",
-        "syncer.webhook.server", "syncer.webhook.certificates", "syncer.shards", "syncer.shard_units",
-        "syncer.shard_group", "syncer.shard_state", "syncer.fences", "syncer.workloads.sharded",
+        "syncer.webhook.server", "syncer.webhook.certificates", "syncer.sharding.coordinator", "syncer.sharding.units",
+        "syncer.sharding.group", "syncer.sharding.state", "syncer.fences", "syncer.workloads.sharded",
         "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin", "syncer.status_page"]
 
 

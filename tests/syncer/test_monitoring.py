@@ -19,7 +19,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from informers.metrics import InformerMetrics
-from syncer.shard_state import HANDOVERS
+from syncer.sharding.state import HANDOVERS
 from syncer.testing.controlplane import ControlPlane
 from tests.helpers import free_port
 from tests.sidecar import Sidecar

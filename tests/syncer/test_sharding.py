@@ -15,9 +15,9 @@ import pytest
 
 from informers import ApiClient
 from syncer.lease import LeaseRecord, Observation
-from syncer.rendezvous import assign, bucket_of
+from syncer.sharding.rendezvous import assign, bucket_of
 from syncer.settings import SettingsError, UnitKind, load_settings
-from syncer.shards import ShardCoordinator, UnitFence, UnitState
+from syncer.sharding.coordinator import ShardCoordinator, UnitFence, UnitState
 from syncer.testing.controlplane import RESTRICTED_USER
 from tests.helpers import eventually
 from tests.shard_group import Recorder, config, unconverged
@@ -299,7 +299,7 @@ async def test_units_only_some_replicas_know_are_not_left_unowned(control_plane:
 
 async def test_a_replica_joins_over_a_member_lease_it_already_has(control_plane: Any, namespace: str) -> None:
     """The member Lease exists already (a create whose answer was lost): the replica takes it over and joins."""
-    from syncer.shard_group import GROUP_LABEL, ROLE_LABEL, member_lease
+    from syncer.sharding.group import GROUP_LABEL, ROLE_LABEL, member_lease
 
     recorder = Recorder(2)
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -448,7 +448,7 @@ async def test_replicas_with_different_bucket_counts_never_both_take(control_pla
 async def test_unit_starts_run_a_bounded_number_at_once(control_plane: Any, namespace: str) -> None:
     """A replica taking many buckets at once brings their units up a bounded number at a time (hundreds of member
     clusters connecting and syncing together would starve its event loop, Lease renewals included)."""
-    from syncer.shards import STARTS_AT_ONCE
+    from syncer.sharding.coordinator import STARTS_AT_ONCE
 
     recorder = Recorder(3 * STARTS_AT_ONCE)
     units = recorder.kind_for("only")

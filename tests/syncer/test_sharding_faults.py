@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from informers import ApiClient
-from syncer.rendezvous import bucket_of
-from syncer.shards import ShardCoordinator
+from syncer.sharding.rendezvous import bucket_of
+from syncer.sharding.coordinator import ShardCoordinator
 from tests.helpers import eventually
 from tests.shard_group import Recorder, config, unconverged
 

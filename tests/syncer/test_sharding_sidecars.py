@@ -33,7 +33,7 @@ from typing import Any, Callable
 import kubernetes
 import pytest
 
-from syncer.rendezvous import bucket_of
+from syncer.sharding.rendezvous import bucket_of
 from syncer.testing.pytest_plugin import kube_client
 from tests.fleet import kubeconfig
 from tests.sidecar import Sidecar

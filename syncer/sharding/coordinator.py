@@ -3,12 +3,12 @@ controllers). Units are hashed into a fixed number of buckets (``sharding.bucket
 are few, are each a bucket of their own), and each bucket is fenced by its own ``coordination.k8s.io`` Lease, so
 that what the replicas write to coordinate grows with the buckets and the replicas, not with the units. Leader
 election is the one-bucket case of the same rules (``leader.py``, ``lease.py``, ``fences.py``). The group's
-Leases as this replica sees and writes them are ``shard_group.py``'s, the buckets' states and metrics
-``shard_state.py``'s; this module decides.
+Leases as this replica sees and writes them are ``group.py``'s, the buckets' states and metrics
+``state.py``'s; this module decides.
 
 - Membership: each replica holds a member Lease (``<group>-member-<hash>``, holder = its identity, pod name +
   uuid); the live members are those seen renewing on this replica's own monotonic clock since its first list of
-  the Leases (``shard_group.py`` says how). A replica decides nothing for two retry periods after that first
+  the Leases (``group.py`` says how). A replica decides nothing for two retry periods after that first
   list (or its return from lapsed renewals), and the others hand it buckets only once they have known it that
   long.
 - Buckets: a unit's bucket is a hash of its name (``rendezvous.bucket_of``), never of which other units exist, so
@@ -58,15 +58,15 @@ from informers import ApiClient, ApiError, Supervisor
 from informers.errors import describe_error
 from informers.wait import wait_first
 
-from .fences import BucketTenure
-from .fences import UnitFence as UnitFence  # the type of ``fence_for``, and of what ``Units.start`` gets
-from .lease import LeaseRecord
+from ..fences import BucketTenure
+from ..fences import UnitFence as UnitFence  # the type of ``fence_for``, and of what ``Units.start`` gets
+from ..lease import LeaseRecord
+from ..settings import Sharding
+from ..workload import Stuck, StuckKind, stuck_controllers
+from .group import ShardGroup, bucket_lease
 from .rendezvous import assign, bucket_of
-from .settings import Sharding
-from .shard_group import ShardGroup, bucket_lease
-from .shard_state import HANDOVER_SECONDS, HANDOVERS, LOST, OWNED, Bucket, Held, Prepares, ShardMetrics, Units
-from .shard_state import UnitState as UnitState  # what ``status()`` shows
-from .workload import Stuck, StuckKind, stuck_controllers
+from .state import HANDOVER_SECONDS, HANDOVERS, LOST, OWNED, Bucket, Held, Prepares, ShardMetrics, Units
+from .state import UnitState as UnitState  # what ``status()`` shows
 
 # Unit starts run at most this many at once. A replica taking many buckets together (its first start, a dead
 # replica's share) would otherwise connect to, discover and sync hundreds of members at once, and the event loop

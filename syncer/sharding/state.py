@@ -21,12 +21,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from informers.metrics import MetricSet
 
-from .fences import BucketTenure, RenewFence, UnitFence
-from .lease import LeaseRecord
-from .settings import UnitKind
+from ..fences import BucketTenure, RenewFence, UnitFence
+from ..lease import LeaseRecord
+from ..settings import UnitKind
 
 if TYPE_CHECKING:
-    from .shards import ShardCoordinator
+    from .coordinator import ShardCoordinator
 
 HANDOVERS = Counter("syncer_shard_handovers_total", "Buckets (of units) this replica handed over (out) or took "
                     "from a release (in).", ["direction"])

@@ -1,6 +1,6 @@
 """ShardGroup: the Leases of one shard group as a replica sees and writes them: one watch of them all, what was
 observed of each and when, the membership that follows from it, and every Lease write of the coordinator
-(``shards.py``) through the one ``LeaseLock``.
+(``coordinator.py``) through the one ``LeaseLock``.
 
 - Names: a member Lease is ``<group>-member-<hash of the identity>``, a bucket's ``<group>-bucket-<NN>-of-<MM>``
   (Knative's naming), or without buckets a unit's ``<group>-unit-<slug>-<hash>``, all labelled with the group; a
@@ -36,10 +36,10 @@ from informers import ApiClient, ApiError, FuncHandler, SharedIndexInformer
 from informers.errors import describe_error
 from informers.store import DeletedFinalStateUnknown, Obj, deleted_key
 
-from .fences import RenewFence
-from .lease import LEASES, LeaseLock, LeaseRecord, LeaseResult, Observation, Outcome
-from .settings import Sharding
-from .shard_state import Held
+from ..fences import RenewFence
+from ..lease import LEASES, LeaseLock, LeaseRecord, LeaseResult, Observation, Outcome
+from ..settings import Sharding
+from .state import Held
 
 GROUP_LABEL = "kube-syncer.io/shard-group"
 ROLE_LABEL = "kube-syncer.io/shard-role"

@@ -12,8 +12,8 @@ from controllers.health import HealthItem
 from controllers.cluster_controllers import ClusterControllers
 from controllers.coordinator import ClusterView, Members
 
-from .settings import UnitKind
-from .fences import UnitFence
+from ..fences import UnitFence
+from ..settings import UnitKind
 
 ManagerMaker = Callable[[str, Fence], ControllerManager]
 
