@@ -62,6 +62,7 @@ from .ratelimiter import RateLimiter
 from .read_your_writes import ReadYourWrites
 from .reconcile import Request, Result
 from .keyed_loop import KeyedLoop, still_in_term
+from .tracing import current_tracing
 from .workqueue import WorkQueue
 
 ReconcileFunc = Callable[[Request, ReconcileContext], Awaitable[Result | None]]
@@ -297,11 +298,13 @@ class Controller:
             barrier = ReadYourWrites(self.name, ctx.informers_of, ctx.read_your_writes,
                                      read_your_writes_metrics(self.name, self._metrics_registry))
             ctx.observe_writes(barrier)
+        tracing = current_tracing()
         loop = KeyedLoop(self.name, queue,
                          lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events), barrier),
                          workers=self.workers, fence=ctx.fence, stats=self.stats,
                          metrics=reconcile_metrics(self.name, self._metrics_registry),
-                         log=ctx.log.bind(controller=self.name), max_retries=self.max_retries)
+                         log=ctx.log.bind(controller=self.name), max_retries=self.max_retries,
+                         span=lambda req: tracing.reconcile(self.name, ctx.cluster, self._primary, req))
         regs = []
         try:
             to_owner = await self._owner_mapping(ctx) if any(w.map_fn is None for w in self._watches) else _own

@@ -41,6 +41,7 @@ from .cluster_registry import ClusterRegistry
 from .context import ReconcileStats
 from .fence import OPEN, Fence, fenced
 from .keyed_loop import KeyedLoop, still_in_term
+from .tracing import current_tracing
 from .metrics import reconcile_metrics
 from .priority import add_priority, update_priority
 from .ratelimiter import RateLimiter
@@ -250,8 +251,10 @@ class FleetLoop:
                 result = await deletion(item.cluster, item.request) if deletion is not None else None
             return result
 
+        tracing = current_tracing()
         loop = KeyedLoop(self.name, self.queue, handle, workers=self.spec.workers, fence=self.fence, stats=self.stats,
-                         metrics=reconcile_metrics(self.name, self._metrics_registry), log=self._log, skip=self._gone)
+                         metrics=reconcile_metrics(self.name, self._metrics_registry), log=self._log, skip=self._gone,
+                         span=lambda item: tracing.reconcile(self.name, item.cluster, self.spec.gvr, item.request))
         registration = self.union.add_event_handler(_Enqueuer(self.queue), name=self.name)
         try:
             await loop.run()
