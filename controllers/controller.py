@@ -29,6 +29,8 @@ these differences, and why:
   only while it still carries the finalizer: the cache may still show a finalizer just removed, and one deletion
   must not be finalized twice. A failing ``finalize`` is retried like a failing reconcile; the object stays.
 - Each worker checks the context's fence locally before every item (see ``fence.py``).
+- Each request's handling is a span of the tracing installed when the controller starts (``tracing.py``), with
+  the API requests it makes as children; controller-runtime has no tracing.
 - A request's reconcile starts once the writes its earlier reconciles made show in the caches, waiting at most the
   context's ``read_your_writes`` (``read_your_writes.py``; controller-runtime waits inside its cached client's reads).
 - ``metadata_only=True`` (controller-runtime's ``OnlyMetadata``) takes a source's events from the metadata-only

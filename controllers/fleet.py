@@ -14,9 +14,9 @@ Differences from the anchors, and why:
   "cluster not found" requests looped forever before it learned this.
 - A sub is added and removed by identity: the informer of a previous connection (a rotated kubeconfig) or of a
   previous CRD leaving late never removes its successor.
-- Retries, requeues, ``TerminalError``, metrics and the leadership fence work as in the Controller (one loop,
-  ``keyed_loop.py``); ``reconcile`` may be sync in skv2, here it must be a coroutine (a blocking one would stall the
-  process).
+- Retries, requeues, ``TerminalError``, metrics, tracing and the leadership fence work as in the Controller (one
+  loop, ``keyed_loop.py``); ``reconcile`` may be sync in skv2, here it must be a coroutine (a blocking one would
+  stall the process).
 """
 
 from __future__ import annotations

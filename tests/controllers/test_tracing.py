@@ -1,5 +1,5 @@
 """Tracing (``controllers/tracing.py``, ``controllers/otel_tracing.py``) with the SDK's in-memory exporter: a
-reconcile in a member cluster as a span with its API requests as children, ``traceparent`` on the wire (HTTP/2 to
+reconcile in a member cluster (per-member controller and fleet loop) as a span with its API requests as children, ``traceparent`` on the wire (HTTP/2 to
 the real API server, HTTP/1.1 to a recording server), the request paths' verbs and resources."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from controllers import Controller, ManagedController
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
+from controllers.fleet import FleetController, FleetLoop
 from controllers.otel_tracing import OtelTracing, _kube_request
 from controllers.reconcile import Request, Result, TerminalError
 from controllers.tracing import current_tracing, reset_tracing, use_tracing
@@ -103,23 +104,34 @@ async def test_a_member_reconcile_is_a_span_with_its_requests_as_children(
                 await rc.client.get("missing", req.namespace)
             return Result(requeue_after=3600)
 
+        class FleetReconciler:
+            async def reconcile(self, cluster: str, request: Request) -> None:
+                return None
+
         per_cluster = ClusterControllers(
             {"traced": ManagedController([CONFIGMAPS], lambda ctx: Controller("traced", reconcile)
                                          .for_(CONFIGMAPS).run)}, name="t")
         with in_memory() as exporter:
             registry = ClusterRegistry(api, *options(api, fleet_ns), required=[CONFIGMAPS])
+            fleet = FleetLoop("traced-fleet", FleetController(CONFIGMAPS, lambda ctx: FleetReconciler()),
+                              registry.clients, management=api)
             await registry.register_cluster_handler(per_cluster)
+            await registry.register_cluster_handler(fleet)
+            runner = asyncio.create_task(fleet.run())
             await registry.start()
             try:
                 await put_secret(api, fleet_ns, "alpha", kubeconfig(member_plane))
 
-                def reconciles(name: str) -> list[ReadableSpan]:
-                    return [s for s in exporter.get_finished_spans() if s.name == "reconcile traced"
+                def reconciles(name: str, controller: str = "traced") -> list[ReadableSpan]:
+                    return [s for s in exporter.get_finished_spans() if s.name == f"reconcile {controller}"
                             and s.attributes.get("kube_syncer.object.name") == name
                             and s.attributes.get("k8s.namespace.name") == ns]
 
-                await eventually(lambda: bool(reconciles("good") and reconciles("bad")), 60, "both reconciles' spans")
+                await eventually(lambda: bool(reconciles("good") and reconciles("bad")
+                                              and reconciles("good", "traced-fleet")), 60, "the reconciles' spans")
             finally:
+                runner.cancel()
+                await asyncio.gather(runner, return_exceptions=True)
                 await per_cluster.stop()
                 await registry.stop()
         await member_api.close()
@@ -155,6 +167,10 @@ async def test_a_member_reconcile_is_a_span_with_its_requests_as_children(
     assert failed.attributes["error.type"] == "TerminalError"
     assert "kube_syncer.reconcile.requeue" not in failed.attributes  # a terminal error is not retried
     assert [e.name for e in failed.events] == ["exception"]
+    fleet_span = reconciles("good", "traced-fleet")[0]
+    assert dict(fleet_span.attributes) == {
+        "kube_syncer.controller": "traced-fleet", "k8s.cluster.name": "alpha", "kube_syncer.resource": "configmaps.v1",
+        "k8s.namespace.name": ns, "kube_syncer.object.name": "good", "kube_syncer.reconcile.result": "success"}
     # The informers' lists and watches made no span: they are no reconcile's.
     assert all(s.name.startswith("reconcile ") or s.parent is not None for s in exporter.get_finished_spans())
 
