@@ -1,6 +1,7 @@
 """Tracing (``controllers/tracing.py``, ``controllers/otel_tracing.py``) with the SDK's in-memory exporter: a
-reconcile in a member cluster (per-member controller and fleet loop) as a span with its API requests as children, ``traceparent`` on the wire (HTTP/2 to
-the real API server, HTTP/1.1 to a recording server), the request paths' verbs and resources."""
+reconcile in a member cluster (per-member controller and fleet loop) as a span with its API requests as children,
+``traceparent`` on the wire (HTTP/2 to the real API server, HTTP/1.1 to a recording server), the request paths'
+verbs and resources."""
 
 from __future__ import annotations
 

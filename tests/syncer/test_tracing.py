@@ -23,6 +23,7 @@ from informers import ApiClient
 from syncer.testing import ControlPlane
 from syncer.webhook import AdmissionRequest, AdmissionRule, Allow, ValidatingWebhook, Verdict
 from syncer.webhook.certificates import ServingCertificates
+from syncer.webhook.conversion import Conversion
 from syncer.webhook.server import WebhookServer
 from tests.controllers.test_tracing import _ids, in_memory
 from tests.helpers import free_port
@@ -34,37 +35,60 @@ RULES = [AdmissionRule(["CREATE"], ["examples.kube-syncer.io"], ["v1"], ["widget
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 
 
-async def test_an_admission_call_is_a_server_span_in_the_callers_trace(api: ApiClient, tmp_path: Path) -> None:
-    """The API server's ``traceparent`` is the span's parent; the review names the attributes; the handler's read
-    through its client is a child span."""
+def _thing(version: str) -> dict[str, Any]:
+    return {"apiVersion": f"example.com/{version}", "kind": "Thing", "metadata": {"name": "t", "namespace": "ns"}}
+
+
+def _broken(obj: dict[str, Any]) -> dict[str, Any]:
+    raise ValueError("no way back")
+
+
+THINGS = Conversion("things.example.com", pairs={("v1", "v2"): lambda obj: obj, ("v2", "v1"): _broken})
+
+
+async def test_webhook_calls_are_server_spans_in_the_callers_trace(api: ApiClient, tmp_path: Path) -> None:
+    """An admission call: the API server's ``traceparent`` is the span's parent; the review names the attributes;
+    the handler's read through its client is a child span. A conversion: a span too, failed when the converter
+    raised (answered as a failed ``result``, with HTTP 200)."""
     async def check(request: AdmissionRequest, client: ApiClient) -> Verdict:
         await client.request("GET", f"/api/v1/namespaces/{request.namespace}")
         return Allow()
 
+    async def post(session: aiohttp.ClientSession, path: str, doc: dict[str, Any]) -> Any:
+        async with session.post(f"https://127.0.0.1:{port}{path}", data=orjson.dumps(doc),
+                                headers={"Content-Type": "application/json",
+                                         "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}) as resp:
+            assert resp.status == 200
+            return await resp.json()
+
+    def conversion(version: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+                "request": {"uid": f"c-{version}", "desiredAPIVersion": f"example.com/{version}", "objects": [obj]}}
+
     certs = ServingCertificates("", ["127.0.0.1"], "")
     await certs.load()
     port = free_port()
-    body = orjson.dumps({
+    review = {
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": "u-1", "operation": "CREATE", "name": "w", "namespace": "default",
                     "kind": {"group": "examples.kube-syncer.io", "version": "v1", "kind": "Widget"},
                     "resource": {"group": "examples.kube-syncer.io", "version": "v1", "resource": "widgets"},
-                    "object": {"metadata": {"name": "w"}}, "userInfo": {"username": "tester"}, "dryRun": False}})
+                    "object": {"metadata": {"name": "w"}}, "userInfo": {"username": "tester"}, "dryRun": False}}
     assert certs.ca_bundle is not None
     try:
         with in_memory() as exporter:
             # Made inside: a server takes the tracing installed when it is made.
             server = WebhookServer("127.0.0.1", port, [ValidatingWebhook("v.widgets.example.com", check, RULES)],
-                                   certs, api)
+                                   certs, api, [THINGS])
             await server.start()
             try:
                 connector = aiohttp.TCPConnector(ssl=client_context(certs.ca_bundle), force_close=True)
                 async with aiohttp.ClientSession(connector=connector) as session:
-                    async with session.post(f"https://127.0.0.1:{port}/validating/v.widgets.example.com",
-                                            data=body, headers={"Content-Type": "application/json",
-                                                                "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
-                                            ) as resp:
-                        assert resp.status == 200 and (await resp.json())["response"]["allowed"]
+                    assert (await post(session, "/validating/v.widgets.example.com", review))["response"]["allowed"]
+                    converted = await post(session, THINGS.path, conversion("v2", _thing("v1")))
+                    failed = await post(session, THINGS.path, conversion("v1", _thing("v2")))
+                    assert converted["response"]["result"]["status"] == "Success"
+                    assert failed["response"]["result"]["status"] == "Failure"
             finally:
                 await server.stop()
     finally:
@@ -85,6 +109,13 @@ async def test_an_admission_call_is_a_server_span_in_the_callers_trace(api: ApiC
     assert read.parent is not None and read.parent.span_id == admission.context.span_id
     assert (read.name, read.attributes["http.response.status_code"]) == ("get namespaces", 200)
     assert _ids(read).startswith(TRACE_ID)
+    ok, broken = sorted((s for s in spans if s.name == "conversion things.example.com"),
+                        key=lambda s: s.start_time or 0)
+    assert ok.kind == SpanKind.SERVER and f"{ok.context.trace_id:032x}" == TRACE_ID
+    assert (ok.status.status_code, ok.attributes["kube_syncer.conversion.desired_api_version"],
+            ok.attributes["kube_syncer.conversion.objects"], ok.attributes["kube_syncer.webhook.outcome"]) == (
+        StatusCode.UNSET, "example.com/v2", 1, "allowed")
+    assert (broken.status.status_code, broken.attributes["kube_syncer.webhook.outcome"]) == (StatusCode.ERROR, "error")
 
 
 class _Receiver(BaseHTTPRequestHandler):
