@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any, Iterator
 
 import h2.connection
@@ -27,6 +28,7 @@ from controllers.tracing import current_tracing, reset_tracing, use_tracing
 from informers import ApiClient, ClientConfig, NotFound
 from syncer.testing import ControlPlane
 from tests.fleet import kubeconfig, options, put_secret
+from tests.informers.test_credentials import token_client
 from tests.helpers import CONFIGMAPS, eventually, free_port, fresh_namespace
 
 
@@ -204,3 +206,17 @@ async def test_traceparent_reaches_an_http1_server() -> None:
     finally:
         await client.close()
         await runner.cleanup()
+
+
+async def test_a_request_sent_again_after_a_401_is_one_span_counting_the_resend(control_plane: ControlPlane,
+                                                                                tmp_path: Path) -> None:
+    """An exec credential rejected (401) and refreshed: the request's one span says it was sent again and how the
+    last answer went."""
+    client, _ = token_client(tmp_path, control_plane, ["revoked", control_plane.admin_token])
+    async with client:
+        with in_memory() as exporter:
+            with current_tracing().reconcile("c", None, None, Request("x")):
+                await client.request("GET", "/api/v1/namespaces/default")
+    [span] = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT]
+    assert (span.name, span.attributes["http.request.resend_count"], span.attributes["http.response.status_code"],
+            span.status.status_code) == ("get namespaces", 1, 200, StatusCode.UNSET)
