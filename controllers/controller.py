@@ -29,6 +29,8 @@ these differences, and why:
   only while it still carries the finalizer: the cache may still show a finalizer just removed, and one deletion
   must not be finalized twice. A failing ``finalize`` is retried like a failing reconcile; the object stays.
 - Each worker checks the context's fence locally before every item (see ``fence.py``).
+- Each request's handling is a span of the tracing installed when the controller starts (``tracing.py``), with
+  the API requests it makes as children; controller-runtime has no tracing.
 - A request's reconcile starts once the writes its earlier reconciles made show in the caches, waiting at most the
   context's ``read_your_writes`` (``read_your_writes.py``; controller-runtime waits inside its cached client's reads).
 - ``metadata_only=True`` (controller-runtime's ``OnlyMetadata``) takes a source's events from the metadata-only
@@ -63,6 +65,7 @@ from .ratelimiter import RateLimiter
 from .read_your_writes import ReadYourWrites
 from .reconcile import Request, Result
 from .keyed_loop import KeyedLoop, still_in_term
+from .tracing import current_tracing
 from .workqueue import WorkQueue
 
 ReconcileFunc = Callable[[Request, ReconcileContext], Awaitable[Result | None]]
@@ -297,11 +300,13 @@ class Controller:
             barrier = ReadYourWrites(self.name, ctx.informers_of, ctx.read_your_writes,
                                      read_your_writes_metrics(self.name, self._metrics_registry))
             ctx.observe_writes(barrier)
+        tracing = current_tracing()
         loop = KeyedLoop(self.name, queue,
                          lambda req: self._handle(ReconcileContext(req, ctx, self._primary, events), barrier),
                          workers=self.workers, fence=ctx.fence, stats=self.stats,
                          metrics=reconcile_metrics(self.name, self._metrics_registry),
-                         log=ctx.log.bind(controller=self.name), max_retries=self.max_retries)
+                         log=ctx.log.bind(controller=self.name), max_retries=self.max_retries,
+                         span=lambda req: tracing.reconcile(self.name, ctx.cluster, self._primary, req))
         regs = []
         try:
             to_owner = await self._owner_mapping(ctx) if any(w.map_fn is None for w in self._watches) else _own

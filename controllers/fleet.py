@@ -14,9 +14,9 @@ Differences from the anchors, and why:
   "cluster not found" requests looped forever before it learned this.
 - A sub is added and removed by identity: the informer of a previous connection (a rotated kubeconfig) or of a
   previous CRD leaving late never removes its successor.
-- Retries, requeues, ``TerminalError``, metrics and the leadership fence work as in the Controller (one loop,
-  ``keyed_loop.py``); ``reconcile`` may be sync in skv2, here it must be a coroutine (a blocking one would stall the
-  process).
+- Retries, requeues, ``TerminalError``, metrics, tracing and the leadership fence work as in the Controller (one
+  loop, ``keyed_loop.py``); ``reconcile`` may be sync in skv2, here it must be a coroutine (a blocking one would
+  stall the process).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from .cluster_registry import ClusterRegistry
 from .context import ReconcileStats
 from .fence import OPEN, Fence, fenced
 from .keyed_loop import KeyedLoop, still_in_term
+from .tracing import current_tracing
 from .metrics import reconcile_metrics
 from .priority import add_priority, update_priority
 from .ratelimiter import RateLimiter
@@ -244,8 +245,10 @@ class FleetLoop:
                 result = await deletion(item.cluster, item.request) if deletion is not None else None
             return result
 
+        tracing = current_tracing()
         loop = KeyedLoop(self.name, self.queue, handle, workers=self.spec.workers, fence=self.fence, stats=self.stats,
-                         metrics=reconcile_metrics(self.name, self._metrics_registry), log=self._log, skip=self._gone)
+                         metrics=reconcile_metrics(self.name, self._metrics_registry), log=self._log, skip=self._gone,
+                         span=lambda item: tracing.reconcile(self.name, item.cluster, self.spec.gvr, item.request))
         registration = self.union.add_event_handler(_Enqueuer(self.queue), name=self.name)
         try:
             await loop.run()

@@ -37,6 +37,7 @@ from .context import ReconcileStats
 from .fence import OPEN, Fence
 from .metrics import ReconcileMetrics, ReconcileResult
 from .reconcile import Result, TerminalError
+from .tracing import NO_SPAN, Span
 from .workqueue import QueueShutDown, WorkQueue
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T", bound=Hashable)
 
+# The attributes a loop sets on a key's span: how its handling ended (the metrics' result), and whether (and after
+# how many seconds, when the handler said) it was queued again.
+RESULT, REQUEUE, REQUEUE_AFTER = ("kube_syncer.reconcile.result", "kube_syncer.reconcile.requeue",
+                                  "kube_syncer.reconcile.requeue_after")
 LoopState = Literal["new", "running", "stopping", "stopped"]
 # "stopping" lasts while workers that did not stop in time are still running.
 _TRANSITIONS: dict[LoopState, tuple[LoopState, ...]] = {
@@ -63,6 +68,11 @@ def still_in_term(fence: Fence) -> None:
         raise TermEnded
 
 
+def untraced(key: object) -> Span:
+    """A key's span when its handling is not traced: one that does nothing."""
+    return NO_SPAN
+
+
 def _signature(e: BaseException) -> str:
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     where = f" at {frame.filename}:{frame.lineno}" if frame else ""
@@ -75,7 +85,8 @@ class KeyedLoop(Generic[T]):
     The caller adds keys to ``queue`` (from event handlers, say); the loop does everything else with it, and shuts
     it down when it stops, so a loop runs once. ``action`` names a key's handling in the log, with ``{}`` for the
     key (``"reconcile of {}"``). Each handling is counted in ``stats`` and ``metrics`` (private records unless
-    given; ``reconcile_metrics`` gives the exposed ones).
+    given; ``reconcile_metrics`` gives the exposed ones). ``span(key)`` is the span of a key's handling
+    (``tracing.py``), current while ``handle`` runs; the loop sets its result and requeue on it.
     """
 
     def __init__(
@@ -83,6 +94,7 @@ class KeyedLoop(Generic[T]):
         fence: Fence = OPEN, stats: ReconcileStats | None = None, metrics: ReconcileMetrics | None = None,
         log: Logger | None = None, action: str = "reconcile of {}", max_retries: int | None = None,
         skip: Callable[[T], str | None] | None = None, drain: float = 0.0, stop_timeout: float | None = None,
+        span: Callable[[T], Span] = untraced,
     ) -> None:
         if workers < 1:
             raise ValueError(f"{name}: workers must be at least 1, not {workers}")
@@ -94,6 +106,7 @@ class KeyedLoop(Generic[T]):
         self.metrics.max_concurrent_reconciles = workers
         self.drain, self.stop_timeout = drain, stop_timeout
         self._handle, self._action, self._max_retries, self._skip = handle, action, max_retries, skip
+        self._span = span
         self._log = log if log is not None else logger.bind(controller=name)
         self._state: LoopState = "new"
         self._stop_begun = asyncio.Event()  # wakes the workers parked by an ended term
@@ -199,41 +212,53 @@ class KeyedLoop(Generic[T]):
         self.queue.done(key)
 
     async def _attempt(self, key: T, priority: int) -> tuple[ReconcileResult, bool]:
-        """Handle ``key`` (taken with ``priority``) and set its next step in the queue: (the metrics' result,
-        whether an error is terminal)."""
+        """Handle ``key`` (taken with ``priority``) inside its span and set its next step in the queue: (the metrics'
+        result, whether an error is terminal)."""
         queue = self.queue
-        try:
-            result = await self._handle(key)
-        except TermEnded:
-            raise
-        except TerminalError as e:
-            self.stats.record_error(e)
-            self._log.opt(exception=e).error(self._action + " failed with a terminal error; not retrying", key)
-            self._forget(key)
-            return "error", True
-        except Exception as e:
-            self.stats.record_error(e)
-            retries = queue.num_requeues(key)
-            if self._max_retries is not None and retries >= self._max_retries:
-                self._log.opt(exception=e).error(self._action + " failed {} times; dropping it", key, retries + 1)
+        with self._span(key) as span:
+            try:
+                result = await self._handle(key)
+            except TermEnded:
+                raise
+            except TerminalError as e:
+                span.fail(e)
+                span.set(RESULT, "error")
+                self.stats.record_error(e)
+                self._log.opt(exception=e).error(self._action + " failed with a terminal error; not retrying", key)
                 self._forget(key)
-            else:
-                self._log_failure(key, e)
+                return "error", True
+            except Exception as e:
+                span.fail(e)
+                span.set(RESULT, "error")
+                self.stats.record_error(e)
+                retries = queue.num_requeues(key)
+                if self._max_retries is not None and retries >= self._max_retries:
+                    self._log.opt(exception=e).error(self._action + " failed {} times; dropping it", key, retries + 1)
+                    self._forget(key)
+                else:
+                    self._log_failure(key, e)
+                    queue.add_rate_limited(key, priority)
+                    span.set(REQUEUE, True)
+                return "error", False
+            self.stats.record_success()
+            self._failures.pop(key, None)
+            if result is not None and result.priority is not None:
+                priority = result.priority
+            if result is not None and result.requeue_after is not None:
+                queue.forget(key)
+                queue.add_after(key, result.requeue_after, priority)
+                span.set(RESULT, "requeue_after")
+                span.set(REQUEUE, True)
+                span.set(REQUEUE_AFTER, result.requeue_after)
+                return "requeue_after", False
+            if result is not None and result.requeue:
                 queue.add_rate_limited(key, priority)
-            return "error", False
-        self.stats.record_success()
-        self._failures.pop(key, None)
-        if result is not None and result.priority is not None:
-            priority = result.priority
-        if result is not None and result.requeue_after is not None:
+                span.set(RESULT, "requeue")
+                span.set(REQUEUE, True)
+                return "requeue", False
             queue.forget(key)
-            queue.add_after(key, result.requeue_after, priority)
-            return "requeue_after", False
-        if result is not None and result.requeue:
-            queue.add_rate_limited(key, priority)
-            return "requeue", False
-        queue.forget(key)
-        return "success", False
+            span.set(RESULT, "success")
+            return "success", False
 
     def _forget(self, key: T) -> None:
         self._failures.pop(key, None)

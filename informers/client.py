@@ -28,6 +28,7 @@ from . import kubeconfig
 from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate
 from .errors import ApiError, FenceError
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
+from .request_tracing import request_tracer
 from .transport import CONNECTION_ERRORS as CONNECTION_ERRORS  # re-exported: callers catch them
 from .transport import Http1Transport, Http2Transport, Response, Transport
 from .version import __version__
@@ -228,7 +229,8 @@ class ApiClient:
     @asynccontextmanager
     async def _send(self, method: str, path: str, headers: dict[str, str], guard: Callable[[], None] | None,
                     **kwargs: Any) -> AsyncIterator[Response]:
-        """``_counted``, sent once more with a new exec credential when the server answers 401 to one.
+        """``_counted``, sent once more with a new exec credential when the server answers 401 to one; traced by the
+        context's ``request_tracer`` (``request_tracing.py``) as one span, whatever the resends.
 
         client-go re-runs the plugin on 401 and fails the request; sending it again (a 401 means the server did
         nothing) spares the caller an error when a token is revoked or rotated before its expiry. Only once:
@@ -238,15 +240,25 @@ class ApiClient:
         used = plugin.current if plugin is not None else None
         if guard is not None:
             guard()  # early: a closed fence does not wait for a connection (the transport checks again, last)
-        async with self._counted(method, path, headers, guard, kwargs) as resp:
-            if resp.status != 401 or plugin is None:
+        span = request_tracer.get().start(self.host, method, path, kwargs["params"], headers)
+        try:
+            async with self._counted(method, path, headers, guard, kwargs) as resp:
+                span.answered(resp.status)
+                if resp.status != 401 or plugin is None:
+                    yield resp
+                    span.end(None)
+                    return
+            fresh = {k: v for k, v in headers.items() if k != "Authorization"} | await self._exec_headers(plugin, used)
+            if guard is not None:
+                guard()
+            span.resent()
+            async with self._counted(method, path, fresh, guard, kwargs) as resp:
+                span.answered(resp.status)
                 yield resp
-                return
-        fresh = {k: v for k, v in headers.items() if k != "Authorization"} | await self._exec_headers(plugin, used)
-        if guard is not None:
-            guard()
-        async with self._counted(method, path, fresh, guard, kwargs) as resp:
-            yield resp
+        except BaseException as e:
+            span.end(e)
+            raise
+        span.end(None)
 
     @asynccontextmanager
     async def _counted(self, method: str, path: str, headers: dict[str, str], guard: Callable[[], None] | None,

@@ -16,6 +16,7 @@ from loguru import logger
 
 from ..logs import setup_logging
 from ..settings import Settings
+from ..tracing import traced
 from .common import UsageError, client_of, plugins_of, refuse_fleet_with_sharding, settings_of
 from .local import cluster_count, start_local_planes, stop_planes, use_local_planes
 
@@ -86,7 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
             try:
-                await Syncer(settings, client, controllers, identity=args.identity).run(stop)
+                async with traced(settings.tracing):
+                    await Syncer(settings, client, controllers, identity=args.identity).run(stop)
             except ControllersStuck as e:
                 # asyncio.run would wait forever for the tasks that ignore their cancellation: leave now.
                 print(f"error: {e}", file=sys.stderr, flush=True)

@@ -11,9 +11,9 @@ from .loader import (
 )
 from .tables import (
     CLUSTER_PROVIDERS, LOG_LEVELS, MAX_WORKERS, ClusterAPI, ClusterProfile, Clusters, HostNamespaces, KubeconfigFiles,
-    LeaderElection, Settings, Sharding, UnitKind, Webhooks,
+    LeaderElection, Settings, Sharding, Tracing, UnitKind, Webhooks,
 )
 
 __all__ = ["CLUSTER_PROVIDERS", "ENV_PREFIX", "LOG_LEVELS", "MAX_WORKERS", "SETTINGS_ENV", "ClusterAPI",
            "ClusterProfile", "Clusters", "HostNamespaces", "KubeconfigFiles", "LeaderElection", "Settings",
-           "SettingsError", "Sharding", "UnitKind", "Webhooks", "env_var", "load_settings", "origin_of", "parse_duration", "settings_reference"]
+           "SettingsError", "Sharding", "Tracing", "UnitKind", "Webhooks", "env_var", "load_settings", "origin_of", "parse_duration", "settings_reference"]

@@ -4,6 +4,7 @@ checks that belong to one setting are here; the reusable ones are in ``checks.py
 
 from __future__ import annotations
 
+import importlib.util
 import urllib.parse
 from pathlib import Path
 from typing import Any, Mapping
@@ -44,6 +45,42 @@ def _https_url(value: Any, done: Mapping[str, Any]) -> str:
         raise Invalid("an https:// URL without query or fragment, like 'https://127.0.0.1:9443', or an empty "
                       "string for one made of 'webhooks.bind'")
     return str(value)
+
+
+def _tracing_enabled(value: Any, done: Mapping[str, Any]) -> bool:
+    enabled = boolean(value, done)
+    # find_spec imports the parent packages only (namespace packages, nothing of the SDK): not when tracing is off.
+    if enabled and not all(map(_installed, _TRACING_MODULES)):
+        raise Invalid("true or false", "true needs OpenTelemetry, which is not installed: "
+                      "pip install 'kube-syncer[tracing]'")
+    return enabled
+
+
+_TRACING_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def _http_url(value: Any, done: Mapping[str, Any]) -> str:
+    parts = urllib.parse.urlsplit(value) if isinstance(value, str) else None
+    if value != "" and (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+                        or parts.query or parts.fragment):
+        raise Invalid("an http:// or https:// URL without query or fragment, like 'http://otel-collector:4318', or "
+                      "an empty string for the OTEL_EXPORTER_OTLP_ENDPOINT environment variable's")
+    return str(value)
+
+
+def _ratio(value: Any, done: Mapping[str, Any]) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 <= value <= 1):
+        raise Invalid("a number from 0 to 1 (0.1: one trace in ten), or unset for the OTEL_TRACES_SAMPLER "
+                      "environment variable's sampler")
+    return float(value) if value is not None else None
 
 
 def _field_selectors(value: Any, done: Mapping[str, Any]) -> dict[str, str]:
@@ -241,9 +278,13 @@ CHECKS: dict[str, Check] = {
     "sharding.retry_period": duration(below="sharding.renew_deadline"),
     "sharding.min_hold": duration(zero_means="hands units over as soon as the assignment says"),
     "sharding.buckets": integer(0, MAX_BUCKETS),
+    "tracing.enabled": _tracing_enabled,
+    "tracing.endpoint": _http_url,
+    "tracing.service_name": string,
+    "tracing.sampling_ratio": _ratio,
     "field_selectors": _field_selectors,
     "plugin_settings": _plugin_tables,
 }
 # The settings that are tables of settings (checked key by key above), a table's own tables after it.
 TABLES = ("leader_election", "webhooks", "clusters", "clusters.cluster_api", "clusters.kubeconfig_files",
-          "clusters.cluster_profile", "clusters.host_namespaces", "sharding")
+          "clusters.cluster_profile", "clusters.host_namespaces", "sharding", "tracing")

@@ -195,6 +195,28 @@ class UnitKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class Tracing:
+    """OpenTelemetry tracing, table ``[tracing]`` (the ``kube-syncer[tracing]`` extra): a span per reconcile, per
+    API request it makes, and per webhook call, exported with OTLP over HTTP. The SDK's ``OTEL_*`` environment
+    variables apply (``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*``, ...); a setting
+    given here wins over the variable of the same meaning.
+
+    - ``enabled``: trace (it needs the extra: ``pip install 'kube-syncer[tracing]'``).
+    - ``endpoint``: the collector's OTLP/HTTP base URL (``http://collector:4318``; ``/v1/traces`` is appended);
+      ``""``: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``, else
+      ``http://localhost:4318``.
+    - ``service_name``: the ``service.name`` of the spans; ``""``: ``OTEL_SERVICE_NAME``, else ``kube-syncer``.
+    - ``sampling_ratio``: the fraction of traces kept, from 0 to 1 (a webhook call follows the API server's
+      decision when it sends one); unset: ``OTEL_TRACES_SAMPLER``'s sampler, by default every trace.
+    """
+
+    enabled: bool = False
+    endpoint: str = ""
+    service_name: str = ""
+    sampling_ratio: float | None = None
+
+
+@dataclass(frozen=True)
 class Sharding:
     """Scale-out, table ``[sharding]``: the replicas share the work, each unit of it fenced by its own Lease
     (see ``syncer/sharding/coordinator.py``).
@@ -285,7 +307,7 @@ class Settings:
       watches only what ``watch`` and its running work need, and lists the rest when it takes over (less memory
       and API load per standby).
     - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``; ``clusters``: see
-      ``Clusters``; ``sharding``: see ``Sharding``. ``source``: the settings
+      ``Clusters``; ``sharding``: see ``Sharding``; ``tracing``: see ``Tracing``. ``source``: the settings
       file read (not a setting).
     """
 
@@ -320,6 +342,7 @@ class Settings:
     webhooks: Webhooks = field(default_factory=Webhooks)
     clusters: Clusters = field(default_factory=Clusters)
     sharding: Sharding = field(default_factory=Sharding)
+    tracing: Tracing = field(default_factory=Tracing)
     field_selectors: dict[str, str] = field(default_factory=dict)
     plugin_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""

@@ -21,6 +21,8 @@ What differs from controller-runtime's webhook server and kopf's, and why:
 - Each webhook's answers are counted by outcome (allowed, denied, error) with their latency in ``stats``, for
   ``/status``: a Deny is an HTTP 200, so the request metrics (by path and code, as controller-runtime's) cannot
   tell a denial from an admission.
+- Each request is a span of the tracing installed when the server is made (``controllers/tracing.py``), the child
+  of the API server's span when its ``traceparent`` says so, with the review's operation, resource and object.
 - ``self_dial`` checks that the listener serves the certificate now loaded (and that the CA bundle, when known,
   verifies it), as controller-runtime's ``StartedChecker`` dials TLS; see ``service.py`` for the rest of readiness.
 """
@@ -40,6 +42,7 @@ from aiohttp import web
 from loguru import logger
 from prometheus_client import Counter, Gauge, Histogram
 
+from controllers.tracing import Span, current_tracing
 from informers import ApiClient
 
 from .certificates import ServingCertificates
@@ -113,15 +116,17 @@ class WebhookServer:
         self.stats = {path: WebhookStats() for path in [*(w.path for w in self.webhooks),
                                                          *(c.path for c in self.conversions)]}
         self._runner: web.AppRunner | None = None
+        self._tracing = current_tracing()
 
     async def start(self) -> None:
         """Bind and serve (OSError if the address is taken)."""
         app = web.Application(client_max_size=MAX_BODY)
         for webhook in self.webhooks:
-            app.router.add_post(webhook.path, self._route(webhook.path, functools.partial(self._serve, webhook)))
+            app.router.add_post(webhook.path, self._route(webhook.path, f"admission {webhook.name}",
+                                                          functools.partial(self._serve, webhook)))
         for conversion in self.conversions:
-            app.router.add_post(conversion.path,
-                                self._route(conversion.path, functools.partial(self._convert, conversion)))
+            app.router.add_post(conversion.path, self._route(conversion.path, f"conversion {conversion.crd}",
+                                                             functools.partial(self._convert, conversion)))
         # In-flight requests end within their handler's timeout: stopping waits that long, not aiohttp's 60 s.
         grace = max((w.timeout_seconds for w in self.webhooks), default=1) + 1.0
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
@@ -166,18 +171,24 @@ class WebhookServer:
             return f"TLS self-dial of {host}:{self.port} saw another certificate than the one loaded"
         return ""
 
-    def _route(self, path: str, serve: Callable[[web.Request], Awaitable[tuple[web.Response, str]]]
+    def _route(self, path: str, name: str, serve: Callable[[web.Request, Span], Awaitable[tuple[web.Response, str]]]
                ) -> Callable[[web.Request], Awaitable[web.Response]]:
         stats = self.stats[path]
+        tracing = self._tracing
 
         async def handle(request: web.Request) -> web.Response:
             started = time.monotonic()
             _IN_FLIGHT.labels(path).inc()
             try:
-                try:
-                    response, outcome = await serve(request)
-                except _Refused as e:
-                    response, outcome = _failed(e.code, str(e))
+                with tracing.served(name, request.headers, {"url.path": path}) as span:
+                    try:
+                        response, outcome = await serve(request, span)
+                    except _Refused as e:
+                        response, outcome = _failed(e.code, str(e))
+                    span.set("http.response.status_code", response.status)
+                    span.set("kube_syncer.webhook.outcome", outcome)
+                    if outcome == "error":
+                        span.fail(_Answered(f"answered with an error (HTTP {response.status}); see the log"))
             finally:
                 _IN_FLIGHT.labels(path).dec()
             elapsed = time.monotonic() - started
@@ -199,7 +210,7 @@ class WebhookServer:
         except web.HTTPRequestEntityTooLarge:
             raise _Refused(413, f"the body is larger than {MAX_BODY} bytes") from None
 
-    async def _convert(self, conversion: Conversion, request: web.Request) -> tuple[web.Response, str]:
+    async def _convert(self, conversion: Conversion, request: web.Request, span: Span) -> tuple[web.Response, str]:
         """A ConversionReview's answer: the objects converted (outcome ``allowed``), or a failed ``result`` saying
         why (``error``); never an HTTP error for a converter's failure, so that its message reaches the client."""
         body = await self._body(request)
@@ -208,6 +219,9 @@ class WebhookServer:
         except ReviewError as e:
             raise _Refused(400, f"not a ConversionReview request: {e}") from None
         group, _, version = review.desired_api_version.partition("/")
+        span.set("kube_syncer.conversion.desired_api_version", review.desired_api_version)
+        span.set("kube_syncer.conversion.objects", len(review.objects))
+        span.set("kube_syncer.webhook.uid", review.uid)
         log = _log.bind(conversion=conversion.crd, uid=review.uid)
         timeout = handler_timeout(MAX_TIMEOUT)  # the API server gives a conversion webhook 30 s
         try:
@@ -233,13 +247,14 @@ class WebhookServer:
         return web.Response(body=conversion_response(review.uid, converted), content_type="application/json"), \
             "allowed"
 
-    async def _serve(self, webhook: Webhook, request: web.Request) -> tuple[web.Response, str]:
+    async def _serve(self, webhook: Webhook, request: web.Request, span: Span) -> tuple[web.Response, str]:
         """The answer, and whether the handler allowed, denied, or an error (ours, the request's) answered."""
         body = await self._body(request)
         try:
             review = parse_review(body)
         except ReviewError as e:
             return _failed(400, f"not an AdmissionReview request: {e}")
+        _describe(span, review)
         if review.review_version not in webhook.review_versions:
             return _failed(400, f"webhook {webhook.name} accepts AdmissionReview "
                                 f"{', '.join(webhook.review_versions)}, got {review.review_version}")
@@ -301,6 +316,23 @@ def _problem(webhook: Webhook, verdict: Verdict) -> str:
             return "a validating webhook cannot change the object: its Allow() must not carry a patch"
         return check_patch(verdict.patch)
     return ""
+
+
+class _Answered(Exception):
+    """How the span of a request answered with an error is marked failed (the handler's own exception, if any,
+    is logged with the request uid)."""
+
+
+def _describe(span: Span, review: AdmissionRequest) -> None:
+    span.set("kube_syncer.admission.operation", review.operation)
+    span.set("kube_syncer.resource", str(review.resource))
+    span.set("kube_syncer.object.name", review.name)
+    if review.sub_resource:
+        span.set("kube_syncer.admission.subresource", review.sub_resource)
+    if review.namespace:
+        span.set("k8s.namespace.name", review.namespace)
+    span.set("kube_syncer.webhook.uid", review.uid)
+    span.set("kube_syncer.admission.dry_run", review.dry_run)
 
 
 def _object_name(review: AdmissionRequest) -> str:

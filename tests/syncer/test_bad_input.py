@@ -25,7 +25,7 @@ import pytest
 
 from syncer.settings import (
     ClusterAPI, ClusterProfile, Clusters, HostNamespaces, KubeconfigFiles, LeaderElection, Settings, SettingsError,
-    Sharding, Webhooks, load_settings,
+    Sharding, Tracing, Webhooks, load_settings,
 )
 from syncer.testing import ControlPlane
 from tests.helpers import free_port
@@ -105,6 +105,16 @@ CASES: dict[str, Case] = {
         'http_bind = "127.0.0.1:99999"',
         "setting 'http_bind' must be host:port with a port from 1 to 65535, like '127.0.0.1:8080' or "
         "'0.0.0.0:8080', got '127.0.0.1:99999'; set it in the settings file or in SYNCER_HTTP_BIND"),
+    "tracing-endpoint": Case(
+        '[tracing]\nendpoint = "otel-collector:4318"',
+        "setting 'tracing.endpoint' must be an http:// or https:// URL without query or fragment, like "
+        "'http://otel-collector:4318', or an empty string for the OTEL_EXPORTER_OTLP_ENDPOINT environment "
+        "variable's, got 'otel-collector:4318'; set it in the settings file or in SYNCER_TRACING__ENDPOINT"),
+    "tracing-sampling-ratio": Case(
+        "[tracing]\nsampling_ratio = 10",
+        "setting 'tracing.sampling_ratio' must be a number from 0 to 1 (0.1: one trace in ten), or unset for the "
+        "OTEL_TRACES_SAMPLER environment variable's sampler, got 10; set it in the settings file or in "
+        "SYNCER_TRACING__SAMPLING_RATIO"),
     "retry-period-zero": Case(
         '[leader_election]\nretry_period = "0s"',
         "setting 'leader_election.retry_period' must be a duration > 0 and < renew_deadline (10s), got '0s'; "
@@ -303,7 +313,7 @@ CASES: dict[str, Case] = {
         "log_level, log_libraries, namespace, "
         "plugin_settings, plugins, preferred_version_only, priority_queue, read_your_writes, rediscovery_interval, resync, sharding, "
         "shutdown_timeout, "
-        "start_timeout, uvloop, warm_standby, watch, webhooks, workers"),
+        "start_timeout, tracing, uvloop, warm_standby, watch, webhooks, workers"),
     "unknown-nested": Case(
         "[leader_election]\nenable = true",
         "unknown setting 'leader_election.enable' in settings file '@SETTINGS@' (did you mean 'enabled'?); "
@@ -388,7 +398,7 @@ def test_every_setting_is_type_checked_and_documented(tmp_path: Path, monkeypatc
     tables = {"leader_election": LeaderElection, "webhooks": Webhooks, "clusters": Clusters,
               "clusters.cluster_api": ClusterAPI, "clusters.kubeconfig_files": KubeconfigFiles,
               "clusters.cluster_profile": ClusterProfile, "clusters.host_namespaces": HostNamespaces,
-              "sharding": Sharding}
+              "sharding": Sharding, "tracing": Tracing}
     names = [f.name for f in fields(Settings) if f.name not in ("source", *tables)]
     names += [f"{t}.{f.name}" for t, cls in tables.items() for f in fields(cls) if f"{t}.{f.name}" not in tables]
     for name in names:

@@ -41,7 +41,7 @@ def test_first_install_shows_progress_and_later_runs_are_quiet(tmp_path: Path) -
     assert "first setup: installing kube-syncer and its dependencies" in first.stderr
     assert [line.split(" ", 1)[0] for line in pip] == ["PYTHONWARNINGS=ignore"] * 2
     assert not any(" -q " in line for line in pip), pip  # pip's own progress is shown
-    assert any("install -e .[test,bench]" in line for line in pip), pip
+    assert any("install -e .[test,bench,tracing]" in line for line in pip), pip
 
     again, pip = _setup(tmp_path)
     assert (again.stdout, again.stderr, pip) == ("", "", [])

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LAZY = ["kubernetes", "cryptography", "dynaconf", "tenacity", "aiohttp.web", "syncer.webhook.service",
         "syncer.webhook.server", "syncer.webhook.certificates", "syncer.sharding.coordinator", "syncer.sharding.units",
         "syncer.sharding.group", "syncer.sharding.state", "syncer.fences", "syncer.workloads.sharded",
-        "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin", "syncer.status_page"]
+        "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin", "syncer.status_page",
+        "opentelemetry", "controllers.otel_tracing"]
 
 
 def _imported(code: str, tmp_path: Path) -> list[str]:
@@ -95,3 +96,35 @@ def test_what_only_the_package_loads_imports_it(tmp_path: Path) -> None:
     path = _kubeconfig(tmp_path, {"auth-provider": {"name": "custom"}, "token": "t"})
     assert "kubernetes" in _imported(f"from informers import ApiClient\nApiClient.from_kubeconfig({str(path)!r})",
                                      tmp_path)
+
+
+def test_tracing_off_imports_no_opentelemetry(tmp_path: Path) -> None:
+    """With the default ``[tracing]`` (off), the sidecar's tracing owner installs nothing and a reconcile runs
+    through the null span: no module of OpenTelemetry is loaded (installed or not)."""
+    code = """
+import asyncio
+from controllers.keyed_loop import KeyedLoop
+from controllers.reconcile import Request
+from controllers.tracing import current_tracing
+from controllers.workqueue import WorkQueue
+import syncer.cli.run
+from syncer.settings import Settings
+from syncer.tracing import traced
+
+async def main():
+    async with traced(Settings().tracing):
+        done = asyncio.Event()
+        async def handle(req):
+            done.set()
+        queue = WorkQueue("q")
+        tracing = current_tracing()
+        loop = KeyedLoop("q", queue, handle, span=lambda req: tracing.reconcile("q", None, None, req))
+        queue.add(Request("a", "ns"))
+        task = asyncio.create_task(loop.run())
+        await done.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+asyncio.run(main())
+"""
+    assert _imported(code, tmp_path) == []

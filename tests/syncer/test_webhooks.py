@@ -320,8 +320,8 @@ def no_keep_alive(monkeypatch: pytest.MonkeyPatch) -> None:
     handshake, which kept-alive connections would otherwise spare it."""
     route = WebhookServer._route
 
-    def closing(self: WebhookServer, path: str, serve: Any) -> Callable[[Any], Awaitable[Any]]:
-        handle = route(self, path, serve)
+    def closing(self: WebhookServer, path: str, name: str, serve: Any) -> Callable[[Any], Awaitable[Any]]:
+        handle = route(self, path, name, serve)
 
         async def close_after(request: Any) -> Any:
             response = await handle(request)
