@@ -279,11 +279,10 @@ class ClusterRegistry:
             self._log.debug("cluster {}: member from {} stopped", display_name(m.name), m.config.source)
 
 
-def _default_factory(metrics_registry: CollectorRegistry | None, client: ApiClient, name: str, *,
-                     namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory:
+def _default_factory(metrics_registry: CollectorRegistry | None, client: ApiClient,
+                     name: str) -> DiscoveringDynamicSharedInformerFactory:
     return DiscoveringDynamicSharedInformerFactory(client, watch="required", name=f"discovery {display_name(name)}",
-                                                   namespace=namespace, metrics_registry=metrics_registry,
-                                                   metrics_cluster=name)
+                                                   metrics_registry=metrics_registry, metrics_cluster=name)
 
 
 async def _bounded_call(timeout: float, fn: Any, *args: Any) -> None:

@@ -32,6 +32,7 @@ from loguru import logger
 
 from informers import ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory
 from informers.errors import describe_error
+from informers.source import ClusterSource
 from informers.request_metrics import NO_ANSWER
 from informers.untrusted_kubeconfig import KubeconfigError, KubeconfigInvalid, client_from_untrusted_kubeconfig
 from informers.wait import wait_first
@@ -42,11 +43,10 @@ from .provider import ClusterConfig, KubeconfigFile, LocalConnection, NamespaceC
 
 
 class FactoryMaker(Protocol):
-    """Builds the discovering factory of member ``name`` over ``client``; ``namespace`` (passed only for a
-    namespace of the management cluster): its informers watch that namespace's namespaced resources only."""
+    """Builds the discovering factory of member ``name`` over ``client`` (or the one a provider's namespaces
+    share, named after the provider)."""
 
-    def __call__(self, client: ApiClient, name: str, *,
-                 namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory: ...
+    def __call__(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory: ...
 
 
 class MemberState(enum.StrEnum):
@@ -122,7 +122,7 @@ class Member:
         self.watch_failed = False  # Connected is false because a watch could not reach the server
         self.task: asyncio.Task[None] | None = None
         self.client: ApiClient | None = None
-        self.factory: DiscoveringDynamicSharedInformerFactory | None = None
+        self.factory: ClusterSource | None = None
         self.cluster: Cluster | None = None
         self.ctx: ClusterContext | None = None
         self.told: list[ClusterHandler] = []  # the handlers add_cluster was called on, in order
@@ -201,14 +201,7 @@ class Member:
         self.conditions[ConditionType.CONNECTED].set(True, "Connected",
                                                      f"Kubernetes {version.get('gitVersion', '?')}")
         self.to(MemberState.DISCOVERING)
-        c = self.config.connection
-        if self.config.local and env.local_factory is not None:
-            factory = env.local_factory
-        elif isinstance(c, NamespaceConnection):
-            factory = env.make_factory(client, self.name, namespace=c.namespace)
-        else:
-            factory = env.make_factory(client, self.name)
-        self.factory = factory
+        factory = self.factory = self.config.connection.informers(env, client, self.name)
         factory.require(env.component, env.required)
         async with asyncio.timeout(o.sync_timeout):
             await factory.start()
@@ -260,8 +253,8 @@ class Member:
     async def _release_now(self, env: MemberEnv) -> None:
         factory, client = self.factory, self.client
         try:
-            if factory is not None and factory is env.local_factory:
-                factory.release(env.component)  # the sidecar's own factory outlives the member
+            if env.local_factory is not None and factory is env.local_factory:
+                env.local_factory.release(env.component)  # the sidecar's own factory outlives the member
             elif factory is not None:
                 await factory.shutdown()
             if client is not None and client is not env.management:

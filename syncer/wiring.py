@@ -156,13 +156,11 @@ def member_options(settings: Settings) -> MemberOptions:
                          probe_interval=c.probe_interval)
 
 
-def member_factory(settings: Settings, client: ApiClient, name: str, *,
-                   namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory:
-    """The discovering factory of member cluster ``name`` (multi-cluster mode); ``namespace``: of a namespace
-    member, instead of the top-level ``namespace``."""
+def member_factory(settings: Settings, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
+    """The discovering factory of member cluster ``name`` (multi-cluster mode), or the one the host-namespaces
+    provider's members share (named after the provider)."""
     return discovering_factory(settings, client, watch=settings.clusters.watch,
-                               name=f"discovery {display_name(name)}", metrics_cluster=name,
-                               namespace=namespace or settings.namespace or None)
+                               name=f"discovery {display_name(name)}", metrics_cluster=name)
 
 
 def discovering_factory(settings: Settings, client: ApiClient,
