@@ -34,12 +34,12 @@ from informers import ApiClient, Backoff, DiscoveringDynamicSharedInformerFactor
 from informers.errors import describe_error
 from informers.source import ClusterSource
 from informers.request_metrics import NO_ANSWER
-from informers.untrusted_kubeconfig import KubeconfigError, KubeconfigInvalid, client_from_untrusted_kubeconfig
+from informers.untrusted_kubeconfig import KubeconfigError
 from informers.wait import wait_first
 
 from .cluster import Cluster, ClusterContext, ClusterHandler, Condition, ConditionType, display_name, finish
 from .fence import Fence
-from .provider import ClusterConfig, KubeconfigFile, LocalConnection, NamespaceConnection, UntrustedKubeconfig
+from .provider import ClusterConfig
 
 
 class FactoryMaker(Protocol):
@@ -332,21 +332,12 @@ class Member:
 
 
 def connect(config: ClusterConfig, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
-    """A client for ``config``: the management client for the local cluster and its namespaces, a file's context
-    loaded as kubectl would (trusted), or an untrusted kubeconfig under its rules."""
-    c = config.connection
-    if isinstance(c, (LocalConnection, NamespaceConnection)):
-        return management
-    if isinstance(c, KubeconfigFile):
-        client = ApiClient.from_kubeconfig(c.path, c.context)
-    elif c.data is None:
-        raise KubeconfigInvalid(config.source, c.where, "is missing")
-    else:
-        assert isinstance(c, UntrustedKubeconfig)
-        client = client_from_untrusted_kubeconfig(c.data, allowed_exec_commands=(*allowed_exec_commands,
-                                                                                 *c.exec_commands),
-                                                  source=config.source)
-    client.http2 = management.http2  # the process's choice (setting ``http2``) holds for members
+    """A client for ``config``, as its connection kind makes it (``provider.py``): the management client for the
+    local cluster and its namespaces, a file's context loaded as kubectl would (trusted), or an untrusted kubeconfig
+    under its rules; a new client speaks HTTP/2 as the management client does (the process's ``http2``)."""
+    client = config.connection.client(config.source, management, allowed_exec_commands)
+    if client is not management:
+        client.http2 = management.http2
     return client
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from controllers import member
+from controllers import provider as connections
 from controllers.cluster import ClusterContext
 from controllers.cluster_registry import ClusterRegistry
 from controllers.fence import OPEN
@@ -90,7 +90,7 @@ def management() -> ApiClient:
 
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(member, "client_from_untrusted_kubeconfig", lambda data, **kw: FakeClient(data))
+    monkeypatch.setattr(connections, "client_from_untrusted_kubeconfig", lambda data, **kw: FakeClient(data))
     provider = FakeProvider()
     reg = ClusterRegistry(management(), [provider], MemberOptions(probe_interval=3600),
                           make_factory=FakeFactory)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from controllers import Controller, ManagedController, ReconcileContext, Request
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
+from controllers.fleet import FleetController, FleetLoop
 from controllers.member import MemberOptions
 from controllers.provider import ClusterProvider, NamespaceConnection
 from controllers.providers.namespaces import HostNamespacesProvider
@@ -227,4 +228,39 @@ async def test_each_members_controller_sees_its_namespace_and_members_follow_lab
         assert all(key.startswith(f"{cluster}/") for cluster, key in seen), seen
     finally:
         await per_cluster.stop()
+        await registry.stop()
+
+
+async def test_a_fleet_controller_over_namespace_members_reads_each_namespace_as_a_cluster(
+        api: ApiClient, tenant: str, namespaces: list[str]) -> None:
+    """The fleet loop's union takes each member's view (through the GVR handlers of its namespace source): a request
+    is a member's object, under that member's name, and a member that leaves leaves the union."""
+    a, b, c = namespaces
+    seen: list[tuple[str, str]] = []
+
+    class Reconciler:
+        async def reconcile(self, cluster: str, request: Request) -> None:
+            seen.append((cluster, request.key))
+
+    registry = ClusterRegistry(api, [HostNamespacesProvider(api, f"tenant={tenant}")],
+                               MemberOptions(sync_timeout=20, probe_interval=3600), required=[CONFIGMAPS])
+    loop = FleetLoop("cms", FleetController(CONFIGMAPS, lambda ctx: Reconciler()), registry.clients, management=api)
+    await registry.register_cluster_handler(loop)
+    runner = asyncio.create_task(loop.run())
+    await registry.start()
+    try:
+        for ns in (a, b, c):
+            await api.request("POST", CONFIGMAPS.path(ns), body={"metadata": {"name": "x"}})
+        await eventually(lambda: loop.union.clusters() == sorted([a, b]), 60, "both members in the union")
+        await eventually(lambda: {(a, f"{a}/x"), (b, f"{b}/x")} <= set(seen), 30, "each member's object")
+        for cluster in (a, b):
+            assert {o["metadata"]["namespace"] for o in loop.union.lister.list_for_cluster(cluster)} == {cluster}
+        await label(api, a, None)
+        await eventually(lambda: loop.union.clusters() == [b], 30, "a to leave the union")
+        assert all(key.startswith(f"{cluster}/") for cluster, key in seen), seen
+        assert (c, f"{c}/x") not in seen
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await loop.close()
         await registry.stop()
