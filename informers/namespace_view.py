@@ -183,22 +183,26 @@ class NamespaceInformer(SharedIndexInformer):
 
 
 class _ViewedGVRHandler:
-    """A GVR handler of a namespace source: told of the namespace's informers instead of the shared ones."""
+    """A GVR handler of a namespace source: told of the namespace's informers instead of the shared ones (and not
+    of the host's trigger informers)."""
 
     def __init__(self, source: "NamespaceSource", handler: GVRHandler) -> None:
         self.source, self.handler = source, handler
 
+    def _call(self, method: str, gvr: GVR, *informer: SharedIndexInformer) -> Any:
+        fn = getattr(self.handler, method, None)
+        if fn is None or gvr.full in _TRIGGERS:
+            return None
+        return fn(gvr, *(self.source.view(gvr, inf) for inf in informer))
+
     def on_gvr_added(self, gvr: GVR, informer: SharedIndexInformer) -> Any:
-        fn = getattr(self.handler, "on_gvr_added", None)
-        return fn(gvr, self.source.view(gvr, informer)) if fn is not None else None
+        return self._call("on_gvr_added", gvr, informer)
 
     def on_gvr_synced(self, gvr: GVR, informer: SharedIndexInformer) -> Any:
-        fn = getattr(self.handler, "on_gvr_synced", None)
-        return fn(gvr, self.source.view(gvr, informer)) if fn is not None else None
+        return self._call("on_gvr_synced", gvr, informer)
 
     def on_gvr_removed(self, gvr: GVR) -> Any:
-        fn = getattr(self.handler, "on_gvr_removed", None)
-        return fn(gvr) if fn is not None else None
+        return self._call("on_gvr_removed", gvr)
 
 
 class NamespaceSource:
