@@ -14,9 +14,9 @@ as for any member). The factory is made when the first member comes up and shut 
 
 Cluster-scoped GVRs are not visible to a namespace member: the shared factory watches namespaced resources only,
 and a controller requiring a cluster-scoped GVR waits, its status saying "excluded: cluster-scoped". The shared
-informers list and watch every namespace (the top-level ``namespace`` setting, if set, narrows them, and so every
-member, to that namespace), so the sidecar needs list/watch on the required resources cluster-wide, where
-per-namespace informers needed it per namespace.
+informers list and watch every namespace (the settings refuse the top-level ``namespace`` with this provider), so
+the sidecar needs list/watch on the required resources cluster-wide, where per-namespace informers needed it per
+namespace.
 """
 
 from __future__ import annotations
