@@ -19,9 +19,8 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkab
 
 from loguru import logger
 
-from informers import GVR, ApiClient
+from informers import GVR, ApiClient, ClusterSource
 from informers.client import CONNECTION_ERRORS
-from informers.source import ClusterSource
 
 from .fence import OPEN, Fence
 

@@ -30,9 +30,8 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 from loguru import logger
 
-from informers import ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory
+from informers import ApiClient, Backoff, ClusterSource, DiscoveringDynamicSharedInformerFactory
 from informers.errors import describe_error
-from informers.source import ClusterSource
 from informers.request_metrics import NO_ANSWER
 from informers.untrusted_kubeconfig import KubeconfigError
 from informers.wait import wait_first

@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
-from informers import ApiClient
+from informers import ApiClient, ClusterSource
 from informers.namespace_view import NamespaceHost
-from informers.source import ClusterSource
 from informers.untrusted_kubeconfig import KubeconfigInvalid, client_from_untrusted_kubeconfig, kubeconfig_hash
 
 if TYPE_CHECKING:

@@ -45,9 +45,10 @@ from loguru import logger
 
 from controllers import Controller, ControllerContext, ReconcileContext, Request, Result
 from controllers.fleet import FleetScope
-from informers import GVR, AlreadyExists, ApiClient, ApiError, NotFound, SharedIndexInformer, drop_managed_fields
+from informers import (
+    GVR, AlreadyExists, ApiClient, ApiError, ClusterSource, NotFound, SharedIndexInformer, drop_managed_fields,
+)
 from informers.selector import LabelSelector, SelectorError
-from informers.source import ClusterSource
 
 from .naming import ANNOTATION_RESOURCE_KIND, ANNOTATION_RESOURCE_SCOPE, CLUSTER_CACHED_RESOURCES, FINALIZER
 from .replication import Replication

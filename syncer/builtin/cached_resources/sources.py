@@ -24,8 +24,7 @@ from typing import Any, Iterable, Mapping
 
 from controllers.cluster import display_name
 from controllers.cluster_registry import ClusterRegistry
-from informers import GVR
-from informers.source import ClusterSource
+from informers import GVR, ClusterSource
 
 
 class Standing(enum.StrEnum):
