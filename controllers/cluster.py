@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkab
 
 from loguru import logger
 
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory
+from informers import GVR, ApiClient, ClusterSource
 from informers.client import CONNECTION_ERRORS
 
 from .fence import OPEN, Fence
@@ -77,11 +77,12 @@ class Condition:
 
 class Cluster:
     """A connected member cluster: ``client`` (owned by the registry: do not close it), ``factory`` (its own
-    API discovery; informers run for the GVRs that some controller requires) and ``fence``, under which work in
+    API discovery, or its namespace's view of a shared one; informers run for the GVRs that some controller
+    requires) and ``fence``, under which work in
     it runs (the leadership term, or with sharding this replica's tenure of the cluster)."""
 
-    def __init__(self, name: str, source: str, client: ApiClient,
-                 factory: DiscoveringDynamicSharedInformerFactory, fence: Fence = OPEN) -> None:
+    def __init__(self, name: str, source: str, client: ApiClient, factory: ClusterSource,
+                 fence: Fence = OPEN) -> None:
         self.name = name
         self.source = source
         self.client = client

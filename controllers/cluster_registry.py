@@ -279,9 +279,9 @@ class ClusterRegistry:
             self._log.debug("cluster {}: member from {} stopped", display_name(m.name), m.config.source)
 
 
-def _default_factory(metrics_registry: CollectorRegistry | None, client: ApiClient, name: str, *,
-                     namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory:
-    return DiscoveringDynamicSharedInformerFactory(client, DiscoveryOptions(watch="required", namespace=namespace),
+def _default_factory(metrics_registry: CollectorRegistry | None, client: ApiClient,
+                     name: str) -> DiscoveringDynamicSharedInformerFactory:
+    return DiscoveringDynamicSharedInformerFactory(client, DiscoveryOptions(watch="required"),
                                                    name=f"discovery {display_name(name)}",
                                                    metrics_registry=metrics_registry, metrics_cluster=name)
 

@@ -35,7 +35,7 @@ from informers import (
 from informers.store import DeletedFinalStateUnknown, Obj, last_state
 from informers.union_lister import UnionLister
 
-from .cluster import LOCAL_CLUSTER, Cluster, ClusterContext, display_name
+from .cluster import Cluster, ClusterContext, display_name
 from .cluster_clients import ClusterClients
 from .cluster_registry import ClusterRegistry
 from .context import ReconcileStats
@@ -92,7 +92,7 @@ class FleetContext:
     @property
     def lister(self) -> UnionLister:
         """Reads across the clusters' caches of the GVR (``get_for_cluster``, ``list_for_cluster``, ...); the local
-        cluster is ``LOCAL_CLUSTER`` there too."""
+        cluster is ``LOCAL_CLUSTER`` (``""``) there too."""
         return self.union.lister
 
     def get(self, request: ClusterRequest) -> Obj | None:

@@ -31,23 +31,22 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 from loguru import logger
 
-from informers import ApiClient, Backoff, DiscoveringDynamicSharedInformerFactory, Subscription
+from informers import ApiClient, Backoff, ClusterSource, DiscoveringDynamicSharedInformerFactory, Subscription
 from informers.errors import describe_error
 from informers.request_metrics import NO_ANSWER
-from informers.untrusted_kubeconfig import KubeconfigError, KubeconfigInvalid, client_from_untrusted_kubeconfig
+from informers.untrusted_kubeconfig import KubeconfigError
 from informers.wait import wait_first
 
 from .cluster import Cluster, ClusterContext, ClusterHandler, Condition, ConditionType, display_name, finish
 from .fence import Fence
-from .provider import ClusterConfig, KubeconfigFile, LocalConnection, NamespaceConnection, UntrustedKubeconfig
+from .provider import ClusterConfig
 
 
 class FactoryMaker(Protocol):
-    """Builds the discovering factory of member ``name`` over ``client``; ``namespace`` (passed only for a
-    namespace of the management cluster): its informers watch that namespace's namespaced resources only."""
+    """Builds the discovering factory of member ``name`` over ``client`` (or the one a provider's namespaces
+    share, named after the provider)."""
 
-    def __call__(self, client: ApiClient, name: str, *,
-                 namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory: ...
+    def __call__(self, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory: ...
 
 
 class MemberState(enum.StrEnum):
@@ -123,7 +122,7 @@ class Member:
         self.watch_failed = False  # Connected is false because a watch could not reach the server
         self.task: asyncio.Task[None] | None = None
         self.client: ApiClient | None = None
-        self.factory: DiscoveringDynamicSharedInformerFactory | None = None
+        self.factory: ClusterSource | None = None
         self.cluster: Cluster | None = None
         self.ctx: ClusterContext | None = None
         self.told: list[ClusterHandler] = []  # the handlers add_cluster was called on, in order
@@ -202,14 +201,7 @@ class Member:
         self.conditions[ConditionType.CONNECTED].set(True, "Connected",
                                                      f"Kubernetes {version.get('gitVersion', '?')}")
         self.to(MemberState.DISCOVERING)
-        c = self.config.connection
-        if self.config.local and env.local_factory is not None:
-            factory = env.local_factory
-        elif isinstance(c, NamespaceConnection):
-            factory = env.make_factory(client, self.name, namespace=c.namespace)
-        else:
-            factory = env.make_factory(client, self.name)
-        self.factory = factory
+        factory = self.factory = self.config.connection.informers(env, client, self.name)
         factory.require(env.component, env.required)
         async with asyncio.timeout(o.sync_timeout):
             await factory.start()
@@ -286,8 +278,8 @@ class Member:
     async def _release_now(self, env: MemberEnv) -> None:
         factory, client = self.factory, self.client
         try:
-            if factory is not None and factory is env.local_factory:
-                factory.release(env.component)  # the sidecar's own factory outlives the member
+            if env.local_factory is not None and factory is env.local_factory:
+                env.local_factory.release(env.component)  # the sidecar's own factory outlives the member
             elif factory is not None:
                 await factory.shutdown()
             if client is not None and client is not env.management:
@@ -370,21 +362,12 @@ class Member:
 
 
 def connect(config: ClusterConfig, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
-    """A client for ``config``: the management client for the local cluster and its namespaces, a file's context
-    loaded as kubectl would (trusted), or an untrusted kubeconfig under its rules."""
-    c = config.connection
-    if isinstance(c, (LocalConnection, NamespaceConnection)):
-        return management
-    if isinstance(c, KubeconfigFile):
-        client = ApiClient.from_kubeconfig(c.path, c.context)
-    elif c.data is None:
-        raise KubeconfigInvalid(config.source, c.where, "is missing")
-    else:
-        assert isinstance(c, UntrustedKubeconfig)
-        client = client_from_untrusted_kubeconfig(c.data, allowed_exec_commands=(*allowed_exec_commands,
-                                                                                 *c.exec_commands),
-                                                  source=config.source)
-    client.http2 = management.http2  # the process's choice (setting ``http2``) holds for members
+    """A client for ``config``, as its connection kind makes it (``provider.py``): the management client for the
+    local cluster and its namespaces, a file's context loaded as kubectl would (trusted), or an untrusted kubeconfig
+    under its rules; a new client speaks HTTP/2 as the management client does (the process's ``http2``)."""
+    client = config.connection.client(config.source, management, allowed_exec_commands)
+    if client is not management:
+        client.http2 = management.http2
     return client
 
 

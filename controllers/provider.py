@@ -12,15 +12,33 @@ so a restart or a second replica computes the same members from the providers' s
 What a provider hands over is data, one of four kinds of connection: an untrusted kubeconfig (from cluster
 state: exec plugins only from the allow-list, no file paths, see ``informers.untrusted_kubeconfig``), a trusted
 kubeconfig file (the operator's own: loaded as ``kubectl`` would), the local cluster (the management client), or
-one namespace of the local cluster.
+one namespace of the local cluster. Each kind knows how its member connects (``client(source, management,
+allowed_exec_commands)``) and what informers it gets (``informers(env, client, name)``: a factory of its own, the
+sidecar's, or a view of the one its provider's namespaces share), so the member asks its connection instead of
+telling the kinds apart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
-from informers.untrusted_kubeconfig import kubeconfig_hash
+from informers import ApiClient, ClusterSource
+from informers.namespace_view import NamespaceHost
+from informers.untrusted_kubeconfig import KubeconfigInvalid, client_from_untrusted_kubeconfig, kubeconfig_hash
+
+if TYPE_CHECKING:
+    from .member import MemberEnv
+
+
+def _own_factory(env: MemberEnv, client: ApiClient, name: str) -> ClusterSource:
+    """A discovering factory of the member's own over ``client``."""
+    return env.make_factory(client, name)
+
+
+def _management(source: str, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
+    """The management client itself (the local cluster and its namespaces)."""
+    return management
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,16 @@ class UntrustedKubeconfig:
     where: str = "data key 'kubeconfig'"
     exec_commands: tuple[str, ...] = ()
 
+    informers = staticmethod(_own_factory)
+
+    def client(self, source: str, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
+        """A client under the untrusted kubeconfig's rules (``informers.untrusted_kubeconfig``)."""
+        if self.data is None:
+            raise KubeconfigInvalid(source, self.where, "is missing")
+        return client_from_untrusted_kubeconfig(self.data, allowed_exec_commands=(*allowed_exec_commands,
+                                                                                  *self.exec_commands),
+                                                source=source)
+
 
 @dataclass(frozen=True)
 class KubeconfigFile:
@@ -44,18 +72,39 @@ class KubeconfigFile:
     context: str
     digest: str
 
+    informers = staticmethod(_own_factory)
+
+    def client(self, source: str, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
+        """The context loaded as kubectl would (the operator's own file: trusted)."""
+        return ApiClient.from_kubeconfig(self.path, self.context)
+
 
 @dataclass(frozen=True)
 class LocalConnection:
     """The management cluster itself: the sidecar's own client and informers."""
 
+    client = staticmethod(_management)
+
+    @staticmethod
+    def informers(env: MemberEnv, client: ApiClient, name: str) -> ClusterSource:
+        """The sidecar's own factory (the registry's ``local_factory``), else one of the member's own."""
+        return env.local_factory if env.local_factory is not None else env.make_factory(client, name)
+
 
 @dataclass(frozen=True)
 class NamespaceConnection:
     """One namespace of the management cluster as a cluster: the management client (and so its connection),
-    with informers of that namespace's namespaced resources only."""
+    with that namespace's view of the informers ``host`` shares among its provider's namespaces
+    (``informers.namespace_view``); not part of equality or the digest."""
 
     namespace: str
+    host: NamespaceHost = field(compare=False, repr=False)
+
+    client = staticmethod(_management)
+
+    def informers(self, env: MemberEnv, client: ApiClient, name: str) -> ClusterSource:
+        """This namespace's view of the host's shared informers (the host's factory made by ``make_factory``)."""
+        return self.host.view(self.namespace, lambda host: env.make_factory(client, host))
 
 
 Connection = UntrustedKubeconfig | KubeconfigFile | LocalConnection | NamespaceConnection

@@ -24,7 +24,9 @@ from .resource import ResourceClient
 from .resource_filter import ResourceFilter, Rule
 from .selector import LabelSelector, SelectorError
 from .shared_informer import EventHandler, FuncHandler, HandlerRegistration, SharedIndexInformer
-from .source import DemandSource, Explains, InformerSource, Notifier, RemovalHook, RemovalHooks, Subscription
+from .source import (
+    ClusterSource, DemandSource, Explains, InformerSource, Notifier, RemovalHook, RemovalHooks, Subscription,
+)
 from .supervisor import Supervisor, TaskHandle, TaskHealth, TaskState
 from .store import DeletedFinalStateUnknown, Store, object_key
 from .transforms import drop_managed_fields
@@ -44,7 +46,7 @@ __all__ = [
     "CredentialError", "ExecPlugin", "ExecPluginError", "ExecPluginTimeout", "FieldSelector",
     "DiscoveryClient", "DiscoveryOptions", "DiscoveryForbidden", "DiscoveryResult", "DynamicSharedInformerFactory", "EventHandler",
     "FenceError", "FuncHandler", "GVR", "GVRHandler", "GVRState", "GVRStatus", "HandlerRegistration", "InformerMetrics",
-    "InformerSource", "DemandSource", "Explains", "RemovalHooks", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",
+    "InformerSource", "ClusterSource", "DemandSource", "Explains", "RemovalHooks", "LabelSelector", "Lister", "Notifier", "Reflector", "ReflectorOptions", "RemovalHook",
     "ObjectShard", "ResourceFilter", "ResourceInfo", "Rule", "SelectorError", "SharedIndexInformer", "Store", "Subscription",
     "Supervisor", "TaskHandle", "TaskHealth", "TaskState", "drop_managed_fields", "object_key", "wait_first",
     "AlreadyExists", "Conflict", "Forbidden", "Gone", "Invalid", "NoMatchError", "NotFound", "RESTMapper",

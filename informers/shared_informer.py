@@ -3,6 +3,12 @@
 Each handler registration has its own queue and task, so a slow or failing handler never delays the
 reflector or the other handlers. Handler methods may be plain functions or coroutines.
 
+A registration may be for one namespace (``add_event_handler(..., namespace=ns)``): it gets only the events of
+that namespace's objects (its initial adds and resyncs from the namespace index), routed by a dict lookup per
+event, so the namespaces' handlers of one informer cost an event only its own namespace's handlers. client-go has
+no such thing; multicluster-runtime's namespace provider wraps every handler in a filter, so each event is offered
+to every namespace's handlers (``namespace_view.py`` builds on this).
+
 Handlers and listers share the cached objects themselves, frozen (``frozen.py``): client-go asks callers not to
 modify them, here a modification raises ``ReadOnlyError``.
 """
@@ -23,7 +29,7 @@ from .lister import Lister
 from .metrics import InformerMetrics
 from .object_shard import ObjectShard
 from .reflector import Reflector, ReflectorOptions
-from .store import DeletedFinalStateUnknown, IndexFunc, Obj, Store, deleted_key, object_key
+from .store import NAMESPACE_INDEX, DeletedFinalStateUnknown, IndexFunc, Obj, Store, deleted_key, object_key
 
 Transform = Callable[[Obj], Obj]
 
@@ -80,13 +86,16 @@ def _bind(handler: Any, method: str) -> tuple[Callable[..., Any] | None, bool]:
 
 
 class HandlerRegistration:
-    """One handler on one informer: its queue, its task and its own has-synced."""
+    """One handler on one informer: its queue, its task and its own has-synced; ``namespace``: the only namespace
+    whose events it gets (None: all)."""
 
-    def __init__(self, informer: "SharedIndexInformer", handler: Any, name: str, resync_period: float | None) -> None:
+    def __init__(self, informer: "SharedIndexInformer", handler: Any, name: str, resync_period: float | None,
+                 namespace: str | None = None) -> None:
         self.informer = informer
         self.handler = handler
         self.name = name
         self.resync_period = resync_period
+        self.namespace = namespace
         self._queue: deque[tuple[int, Any, Any]] = deque()
         self._wake = asyncio.Event()
         self._synced = asyncio.Event()
@@ -131,7 +140,7 @@ class HandlerRegistration:
         while True:
             await asyncio.sleep(period)
             if self.informer.has_synced():
-                for obj in self.informer.store:
+                for obj in self.informer.objects(self.namespace):
                     self._enqueue((_UPDATE, obj, obj))
 
     async def _run(self) -> None:
@@ -162,6 +171,12 @@ class HandlerRegistration:
                                         ("add", "update", "delete")[kind], _describe(b if kind == _UPDATE else a))
             else:
                 await asyncio.sleep(0)
+
+
+def _namespace_of(obj: Obj | DeletedFinalStateUnknown) -> str:
+    if isinstance(obj, DeletedFinalStateUnknown):
+        obj = obj.obj
+    return obj["metadata"].get("namespace") or ""
 
 
 def _describe(obj: Any) -> str:
@@ -196,7 +211,8 @@ class SharedIndexInformer:
         self._metrics = metrics or InformerMetrics.for_registry()
         self._gvr_label = str(gvr)
         self._series = (self._metrics.cluster, self._gvr_label)  # the label values of its metric series
-        self._registrations: list[HandlerRegistration] = []
+        self._registrations: list[HandlerRegistration] = []  # of every namespace
+        self._routed: dict[str, list[HandlerRegistration]] = {}  # namespace -> its own registrations
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -265,6 +281,10 @@ class SharedIndexInformer:
             if not changed.done():
                 changed.set_result(None)
 
+    def objects(self, namespace: str | None = None) -> list[Obj]:
+        """The cached objects of ``namespace`` (None: all), from the namespace index."""
+        return self.store.list() if namespace is None else self.store.by_index(NAMESPACE_INDEX, namespace)
+
     def add_indexers(self, indexers: Mapping[str, IndexFunc]) -> None:
         """Add index functions (also on a running informer: the index is built at once)."""
         self.store.add_indexers(indexers)
@@ -303,18 +323,23 @@ class SharedIndexInformer:
 
     # -- handlers ----------------------------------------------------------------------------------------
     def add_event_handler(
-        self, handler: EventHandler | FuncHandler, resync_period: float | None = None, name: str | None = None
+        self, handler: EventHandler | FuncHandler, resync_period: float | None = None, name: str | None = None, *,
+        namespace: str | None = None,
     ) -> HandlerRegistration:
-        """Register a handler; if the informer has synced, it first gets every cached object as an initial add."""
+        """Register a handler (for the events of ``namespace`` only, if given: see the module); if the informer has
+        synced, it first gets every cached object (of that namespace) as an initial add."""
         if self._stopped:
             raise RuntimeError(f"informer for {self.gvr} is stopped")
         reg_name = name or getattr(handler, "name", None) or type(handler).__qualname__
-        reg = HandlerRegistration(self, handler, reg_name, resync_period)
+        reg = HandlerRegistration(self, handler, reg_name, resync_period, namespace)
         if self.has_synced():
-            for obj in self.store:
+            for obj in self.objects(namespace):
                 reg._enqueue((_ADD, obj, True))
             reg._enqueue((_SYNCED, None, None))
-        self._registrations.append(reg)
+        if namespace is None:
+            self._registrations.append(reg)
+        else:
+            self._routed.setdefault(namespace, []).append(reg)
         self._metrics.handler_queue_depth.labels(*self._series, reg_name).set_function(lambda: reg.queue_depth)
         if self._task is not None:
             reg._start()
@@ -322,10 +347,14 @@ class SharedIndexInformer:
 
     async def remove_event_handler(self, registration: HandlerRegistration) -> None:
         """Stop delivering to a registration and await its task; removing twice (or a foreign one) is a no-op."""
-        if registration not in self._registrations:
+        ns = registration.namespace
+        regs = self._registrations if ns is None else self._routed.get(ns, [])
+        if registration not in regs:
             return
-        self._registrations.remove(registration)
-        if not any(r.name == registration.name for r in self._registrations):
+        regs.remove(registration)
+        if ns is not None and not regs:
+            del self._routed[ns]
+        if not any(r.name == registration.name for r in self.registrations):
             try:
                 self._metrics.handler_queue_depth.remove(*self._series, registration.name)
             except KeyError:
@@ -334,8 +363,8 @@ class SharedIndexInformer:
 
     @property
     def registrations(self) -> list[HandlerRegistration]:
-        """Current handler registrations."""
-        return list(self._registrations)
+        """Current handler registrations (of every namespace, then those of one namespace)."""
+        return [*self._registrations, *(r for regs in self._routed.values() for r in regs)]
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -345,7 +374,7 @@ class SharedIndexInformer:
         if self._task is not None:
             return
         self._task = asyncio.create_task(self.reflector.run(), name=f"reflector {self.gvr}")
-        for reg in self._registrations:
+        for reg in self.registrations:
             reg._start()
 
     async def stop(self) -> None:
@@ -356,7 +385,7 @@ class SharedIndexInformer:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        for reg in list(self._registrations):
+        for reg in self.registrations:
             await self.remove_event_handler(reg)
         self.store.clear()
         self._metrics.forget(self.reflector)
@@ -374,7 +403,6 @@ class SharedIndexInformer:
         """Atomically replace the cache with a full list and notify handlers of the differences."""
         upserts, deletes = self.store.replace(map(freeze, objs) if self._read_only else objs)
         initial = not self._synced.is_set()
-        regs = self._registrations
         for old, new in upserts:
             if old is None:
                 item: tuple[int, Any, Any] = (_ADD, new, initial)
@@ -382,15 +410,13 @@ class SharedIndexInformer:
                 continue  # unchanged across a relist: nothing to tell
             else:
                 item = (_UPDATE, old, new)
-            for reg in regs:
-                reg._enqueue(item)
+            self._deliver(item, new)
         for tomb in deletes:
-            for reg in regs:
-                reg._enqueue((_DELETE, tomb, None))
+            self._deliver((_DELETE, tomb, None), tomb)
         if initial:
             self._synced.set()
             self._metrics.synced.labels(*self._series).set(1)
-            for reg in regs:
+            for reg in self.registrations:
                 reg._enqueue((_SYNCED, None, None))
         if self._change_waiters:
             self._changed()
@@ -405,8 +431,15 @@ class SharedIndexInformer:
         else:
             old = self.store.upsert(obj)
             item = (_ADD, obj, False) if old is None else (_UPDATE, old, obj)
-        for reg in self._registrations:
-            reg._enqueue(item)
+        self._deliver(item, obj)
         if self._change_waiters:
             self._changed()
+
+    def _deliver(self, item: tuple[int, Any, Any], obj: Obj | DeletedFinalStateUnknown) -> None:
+        """Queue ``item`` for the handlers of every namespace and those of ``obj``'s."""
+        for reg in self._registrations:
+            reg._enqueue(item)
+        if self._routed:
+            for reg in self._routed.get(_namespace_of(obj), ()):
+                reg._enqueue(item)
 

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, Callable, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterable, Protocol, runtime_checkable
 
 from .gvr import GVR
+from .gvr_listeners import GVRHandler
 from .shared_informer import SharedIndexInformer
+from .supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from .discovering_factory import GVRStatus
+    from .discovery import DiscoveryResult
+    from .discovery_triggers import DiscoveryTriggers
 
 
 class Subscription:
@@ -129,3 +136,32 @@ class Explains(Protocol):
     one."""
 
     def explain(self, gvr: GVR) -> str | None: ...
+
+
+class ClusterSource(InformerSource, DemandSource, RemovalHooks, Explains, Protocol):
+    """All a member cluster's informers offer (its own discovering factory, or its namespace's view of a shared one,
+    ``namespace_view.py``): the capabilities above, GVR lifecycle handlers, the discovery's ``status()`` and
+    ``supervisor``, what its last pass found and its CRD and APIService caches (``triggers``), the watch events
+    heard so far, ``start()`` (returns after the first discovery pass) and
+    ``shutdown()``."""
+
+    @property
+    def supervisor(self) -> Supervisor: ...
+
+    @property
+    def last_pass(self) -> DiscoveryResult | None: ...
+
+    @property
+    def triggers(self) -> DiscoveryTriggers: ...
+
+    def status(self) -> list[GVRStatus]: ...
+
+    def events_received(self) -> int: ...
+
+    def add_gvr_handler(self, handler: GVRHandler) -> None: ...
+
+    async def remove_gvr_handler(self, handler: GVRHandler) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...

@@ -159,11 +159,10 @@ def member_options(settings: Settings) -> MemberOptions:
                          probe_interval=c.probe_interval)
 
 
-def member_factory(settings: Settings, client: ApiClient, name: str, *,
-                   namespace: str | None = None) -> DiscoveringDynamicSharedInformerFactory:
-    """The discovering factory of member cluster ``name`` (multi-cluster mode); ``namespace``: of a namespace
-    member, instead of the top-level ``namespace``."""
-    options = discovery_options(settings, watch=settings.clusters.watch, namespace=namespace)
+def member_factory(settings: Settings, client: ApiClient, name: str) -> DiscoveringDynamicSharedInformerFactory:
+    """The discovering factory of member cluster ``name`` (multi-cluster mode), or the one the host-namespaces
+    provider's members share (named after the provider)."""
+    options = discovery_options(settings, watch=settings.clusters.watch)
     return DiscoveringDynamicSharedInformerFactory(client, options, name=f"discovery {display_name(name)}",
                                                    metrics_cluster=name)
 

@@ -4,13 +4,19 @@
 Each Namespace matching ``label_selector`` (``None``: every one) is a member named after it, from its creation
 until it is deleted or starts terminating (its objects are going; the controllers stop before they do).
 
-What is shared, and what differs from multicluster-runtime: there every namespace-cluster is a view of the host's
-one cache (a single informer per GVR for the whole cluster; wrappers filter its events and reads by namespace).
-Here a member is a ``NamespaceConnection``: it shares the management client, so all its watches go over the
-management cluster's one connection (HTTP/2) and no credentials are read, but it has a factory of its own
-restricted to its namespace (``DiscoveringDynamicSharedInformerFactory(namespace=...)``, namespaced resources
-only), so there is one watch per required GVR per namespace, each caching only its namespace's objects. The
-memory is the same as one shared cache; the watches and initial lists grow with the namespaces.
+What is shared (multicluster-runtime's shape): a member is a ``NamespaceConnection``. It shares the management
+client (one connection, no credentials read) and the provider's ``NamespaceHost``: one discovering factory over
+every namespace, so one watch and one cache per required GVR for all the members, each member seeing it through
+its namespace's view (``informers.namespace_view``: reads from the namespace index, events routed by namespace,
+synced when the shared informer is). A namespace joining or leaving adds or takes back its view's requirements
+and handlers; the shared informers keep running (one that no member requires any more is stopped by the factory,
+as for any member). The factory is made when the first member comes up and shut down when the last one goes.
+
+Cluster-scoped GVRs are not visible to a namespace member: the shared factory watches namespaced resources only,
+and a controller requiring a cluster-scoped GVR waits, its status saying "excluded: cluster-scoped". The shared
+informers list and watch every namespace (the settings refuse the top-level ``namespace`` with this provider), so
+the sidecar needs list/watch on the required resources cluster-wide, where per-namespace informers needed it per
+namespace.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from loguru import logger
 
 from informers import GVR, ApiClient, FuncHandler, SharedIndexInformer, drop_managed_fields
+from informers.namespace_view import NamespaceHost
 from informers.store import DeletedFinalStateUnknown, Obj, deleted_key
 
 from ..provider import ClusterConfig, Conflict, NamespaceConnection
@@ -36,6 +43,7 @@ class HostNamespacesProvider(WatchingProvider):
         super().__init__(name)
         self.management = management
         self.label_selector = label_selector
+        self.host = NamespaceHost(name)  # the informers its members share: outlives the provider while they run
         self._namespaces = SharedIndexInformer(management, NAMESPACES, label_selector=label_selector,
                                                transform=drop_managed_fields)
 
@@ -50,7 +58,7 @@ class HostNamespacesProvider(WatchingProvider):
         namespace = self._namespaces.lister.get(cluster) if cluster else None
         if namespace is None or not _live(namespace):
             return None
-        return ClusterConfig(cluster, f"namespace {cluster}", NamespaceConnection(cluster))
+        return ClusterConfig(cluster, f"namespace {cluster}", NamespaceConnection(cluster, self.host))
 
     def names(self) -> set[str]:
         """The selected namespaces that are not terminating."""
@@ -65,7 +73,8 @@ class HostNamespacesProvider(WatchingProvider):
         return {"provider": self.name, "kind": "host-namespaces", "state": self.state.value,
                 "message": f"watching namespaces{f' ({self.label_selector})' if self.label_selector else ''}",
                 "label_selector": self.label_selector, "synced": self._synced.is_set(),
-                "namespaces": len(self._namespaces.store), "members": len(self.names())}
+                "namespaces": len(self._namespaces.store), "members": len(self.names()),
+                "views": self.host.views}
 
     async def _watch_source(self) -> None:
         logger.bind(component=self.name).info("watching namespaces{} as member clusters",

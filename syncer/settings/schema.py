@@ -155,6 +155,9 @@ def _providers(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
     if not providers and not done["clusters.include_local"]:
         raise Invalid(expect, "without a provider and with include_local = false no member could ever join: list a "
                       "provider, or set include_local = true")
+    if "host-namespaces" in providers and done["namespace"] and done["clusters.enabled"]:
+        raise Invalid(expect, f"\"host-namespaces\" makes members of the namespaces its label_selector selects, but "
+                      f"namespace = {done['namespace']!r} keeps every informer in that one: unset namespace")
     return tuple(providers)
 
 

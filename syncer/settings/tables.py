@@ -129,8 +129,8 @@ class ClusterProfile:
 class HostNamespaces:
     """Members from the management cluster's own namespaces, table ``[clusters.host_namespaces]`` (used when
     ``"host-namespaces"`` is in ``clusters.providers``): each Namespace is a member named after it, until it is
-    deleted; its informers watch that namespace's namespaced resources only, over the management cluster's
-    connection.
+    deleted; the members share one informer per required namespaced resource over the management cluster's
+    connection, each seeing its own namespace's objects and events.
 
     - ``label_selector``: only Namespaces matching this label selector (``""``: every Namespace).
     """

@@ -11,8 +11,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from controllers import member
-from controllers.cluster import ClusterContext
+from controllers import provider as connections
+from controllers.cluster import ClusterContext, ConditionType
 from controllers.cluster_registry import ClusterRegistry
 from controllers.fence import OPEN
 from controllers.member import Member, MemberOptions, MemberState
@@ -93,7 +93,7 @@ def management() -> ApiClient:
 
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(member, "client_from_untrusted_kubeconfig", lambda data, **kw: FakeClient(data))
+    monkeypatch.setattr(connections, "client_from_untrusted_kubeconfig", lambda data, **kw: FakeClient(data))
     provider = FakeProvider()
     reg = ClusterRegistry(management(), [provider], MemberOptions(probe_interval=3600),
                           make_factory=FakeFactory)  # type: ignore[arg-type]
@@ -338,9 +338,9 @@ async def test_reading_status_and_metrics_changes_nothing(registry: Any, monkeyp
     put(reg, secrets, b"v1")
     await eventually(lambda: reg.list_clusters() == ["c1"], 5, "c1 engaged")
     m = reg._members["c1"]
-    await eventually(lambda: m.conditions[member.ConditionType.SYNCED].status is True, 5, "Synced set by the member")
+    await eventually(lambda: m.conditions[ConditionType.SYNCED].status is True, 5, "Synced set by the member")
     refreshes: list[str] = []
-    monkeypatch.setattr(member.Member, "_refresh", lambda self, *a: refreshes.append(self.name))
+    monkeypatch.setattr(Member, "_refresh", lambda self, *a: refreshes.append(self.name))
     before = [(c.status, c.reason, c.since) for c in m.current_conditions()]
     for _ in range(3):
         reg.status()

@@ -465,6 +465,12 @@ PROVIDER_CASES = {
     "profile-namespace": ('[clusters.cluster_profile]\nnamespaces = ["Bad_NS"]',
                           "setting 'clusters.cluster_profile.namespaces' must be a list of namespace names (DNS-1123 "
                           "labels), or [] for all namespaces, got ['Bad_NS'] ('Bad_NS' is not a DNS-1123 label)"),
+    "host-namespaces-in-one-namespace": (
+        'namespace = "team-a"\n[clusters]\nenabled = true\nproviders = ["host-namespaces"]',
+        "setting 'clusters.providers' must be a list of cluster providers, each at most once, in precedence order: "
+        "secrets, cluster-api, kubeconfig-files, cluster-profile, host-namespaces (any case); [] only with "
+        "include_local = true, got ['host-namespaces'] (\"host-namespaces\" makes members of the namespaces its "
+        "label_selector selects, but namespace = 'team-a' keeps every informer in that one: unset namespace)"),
     "host-namespaces-selector": ('[clusters.host_namespaces]\nlabel_selector = "tenant in ("',
                                  "setting 'clusters.host_namespaces.label_selector' must be a label selector, like "
                                  "'env=prod,tier!=test', or an empty string for every object, got 'tenant in (' "

@@ -14,7 +14,7 @@ import pytest
 
 from controllers.cluster_registry import ClusterRegistry
 from controllers.fleet import FleetScope
-from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory
+from informers import GVR, ApiClient, DiscoveringDynamicSharedInformerFactory, DiscoveryOptions
 from syncer.builtin import cached_resources
 from syncer.builtin.cached_resources.admission import one_per_gvr
 from syncer.builtin.cached_resources.naming import CACHED_OBJECTS, CLUSTER_CACHED_RESOURCES, schema_selector
@@ -45,7 +45,7 @@ class Running:
     def __init__(self, api: ApiClient, ns: str, **kw: Any) -> None:
         self.api = api
         self.registry = ClusterRegistry(api, *options(api, ns), required=[])
-        self.factory = DiscoveringDynamicSharedInformerFactory(api, watch="required")
+        self.factory = DiscoveringDynamicSharedInformerFactory(api, DiscoveryOptions(watch="required"))
         self.component = CachedResources(Options(identity_namespace=ns, **kw))
         self.task: asyncio.Task[None] | None = None
 

@@ -45,7 +45,9 @@ from loguru import logger
 
 from controllers import Controller, ControllerContext, ReconcileContext, Request, Result
 from controllers.fleet import FleetScope
-from informers import GVR, AlreadyExists, ApiClient, ApiError, NotFound, SharedIndexInformer, drop_managed_fields
+from informers import (
+    GVR, AlreadyExists, ApiClient, ApiError, ClusterSource, NotFound, SharedIndexInformer, drop_managed_fields,
+)
 from informers.selector import LabelSelector, SelectorError
 
 from .naming import ANNOTATION_RESOURCE_KIND, ANNOTATION_RESOURCE_SCOPE, CLUSTER_CACHED_RESOURCES, FINALIZER
@@ -238,7 +240,7 @@ class CachedResources:
     def _served(self, gvr: GVR) -> tuple[str, bool] | None:
         """(kind, namespaced) of ``gvr`` from the discovery of the management cluster or any source cluster."""
         scope = self._require_scope()
-        factories = [scope.management_factory]
+        factories: list[ClusterSource] = [scope.management_factory]
         for name in scope.registry.list_clusters():
             if not self.options.sources or name in self.options.sources:
                 try:

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 
 from controllers.cluster import display_name
 from controllers.cluster_registry import ClusterRegistry
-from informers import GVR, DiscoveringDynamicSharedInformerFactory
+from informers import GVR, ClusterSource
 
 
 class Standing(enum.StrEnum):
@@ -96,7 +96,7 @@ class SourceClusters:
         return SourceReport(Standing.PENDING, factory.explain(gvr) or "its informer is starting")
 
 
-def served(factory: DiscoveringDynamicSharedInformerFactory, gvr: GVR) -> bool:
+def served(factory: ClusterSource, gvr: GVR) -> bool:
     """Whether ``gvr`` is served as far as the factory knows: listed by the last discovery pass that succeeded (a
     failed pass changes nothing; an unavailable aggregated API keeps its last known resources) and, if a CRD
     ever defined it, that CRD still in the CRD cache (discovery can lag behind a CRD's deletion). True before
