@@ -27,6 +27,10 @@ class Demand:
         self._requirements.pop(owner, None)
         return before - self.required()
 
+    def owners(self) -> set[str]:
+        """Who has declared requirements."""
+        return set(self._requirements)
+
     def required(self) -> set[GVR]:
         """What the owners require."""
         return set().union(*self._requirements.values())

@@ -167,7 +167,7 @@ async def test_namespace_members_share_one_informer_per_gvr(api: ApiClient, tena
         await label(api, names[0], None)
         await eventually(lambda: names[0] in members.removed, 30, "the unlabelled namespace to leave")
         assert not any(r.namespace == names[0] for r in shared_inf.registrations)  # no leak
-        owners = provider.host.factory._requirements if provider.host.factory is not None else {}
+        owners = provider.host.factory.demand.owners() if provider.host.factory is not None else set()
         assert not any(f"(namespace {names[0]})" in owner for owner in owners)  # its requirements went too
         assert any(f"(namespace {names[1]})" in owner for owner in owners)
         assert heard == [names[0]]
