@@ -9,19 +9,18 @@ follows from that view (precedence between providers, which replica runs a clust
 kubeconfig, teardown) is decided once, downstream (``provider_set.py``, ``coordinator.py``, ``cluster_registry.py``),
 so a restart or a second replica computes the same members from the providers' state alone.
 
-What a provider hands over is data, one of four kinds of connection: an untrusted kubeconfig (from cluster
-state: exec plugins only from the allow-list, no file paths, see ``informers.untrusted_kubeconfig``), a trusted
-kubeconfig file (the operator's own: loaded as ``kubectl`` would), the local cluster (the management client), or
-one namespace of the local cluster. Each kind knows how its member connects (``client(source, management,
-allowed_exec_commands)``) and what informers it gets (``informers(env, client, name)``: a factory of its own, the
-sidecar's, or a view of the one its provider's namespaces share), so the member asks its connection instead of
-telling the kinds apart.
+What a provider hands over is a ``Connection``, here of four kinds (a provider may bring one of its own): an
+untrusted kubeconfig (from cluster state: exec plugins only from the allow-list, no file paths, see
+``informers.untrusted_kubeconfig``), a trusted kubeconfig file (the operator's own: loaded as ``kubectl`` would),
+the local cluster (the management client), or one namespace of the local cluster. Each kind knows how its member
+connects (``client``), what informers it gets (``informers``: a factory of its own, the sidecar's, or a view of
+the one its provider's namespaces share) and its ``digest``, so nothing tells the kinds apart.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 from informers import ApiClient, ClusterSource
 from informers.namespace_view import NamespaceHost
@@ -52,7 +51,13 @@ class UntrustedKubeconfig:
     where: str = "data key 'kubeconfig'"
     exec_commands: tuple[str, ...] = ()
 
+    local: ClassVar[bool] = False
     informers = staticmethod(_own_factory)
+
+    @property
+    def digest(self) -> str:
+        """The kubeconfig's hash ("" while it is missing)."""
+        return kubeconfig_hash(self.data) if self.data is not None else ""
 
     def client(self, source: str, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
         """A client under the untrusted kubeconfig's rules (``informers.untrusted_kubeconfig``)."""
@@ -65,14 +70,20 @@ class UntrustedKubeconfig:
 
 @dataclass(frozen=True)
 class KubeconfigFile:
-    """A context of a kubeconfig file of the operator's (trusted); ``digest``: of that context and the cluster and
-    user entries it names, so editing one context rotates only its member."""
+    """A context of a kubeconfig file of the operator's (trusted); ``entries_digest``: of that context and the
+    cluster and user entries it names, so editing one context rotates only its member."""
 
     path: str
     context: str
-    digest: str
+    entries_digest: str
 
+    local: ClassVar[bool] = False
     informers = staticmethod(_own_factory)
+
+    @property
+    def digest(self) -> str:
+        """The file, the context and its entries."""
+        return f"{self.path}\0{self.context}\0{self.entries_digest}"
 
     def client(self, source: str, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient:
         """The context loaded as kubectl would (the operator's own file: trusted)."""
@@ -83,6 +94,8 @@ class KubeconfigFile:
 class LocalConnection:
     """The management cluster itself: the sidecar's own client and informers."""
 
+    local: ClassVar[bool] = True
+    digest: ClassVar[str] = "local"
     client = staticmethod(_management)
 
     @staticmethod
@@ -100,14 +113,33 @@ class NamespaceConnection:
     namespace: str
     host: NamespaceHost = field(compare=False, repr=False)
 
+    local: ClassVar[bool] = False
     client = staticmethod(_management)
+
+    @property
+    def digest(self) -> str:
+        """The namespace."""
+        return f"namespace\0{self.namespace}"
 
     def informers(self, env: MemberEnv, client: ApiClient, name: str) -> ClusterSource:
         """This namespace's view of the host's shared informers (the host's factory made by ``make_factory``)."""
         return self.host.view(self.namespace, lambda host: env.make_factory(client, host))
 
 
-Connection = UntrustedKubeconfig | KubeconfigFile | LocalConnection | NamespaceConnection
+class Connection(Protocol):
+    """How a member connects: ``client(...)``, the informers it gets (``informers(...)``), whether it is the local
+    cluster, and a ``digest`` equal for connections that connect the same way. A provider may bring a kind of
+    its own."""
+
+    @property
+    def local(self) -> bool: ...
+
+    @property
+    def digest(self) -> str: ...
+
+    def client(self, source: str, management: ApiClient, allowed_exec_commands: Sequence[str]) -> ApiClient: ...
+
+    def informers(self, env: MemberEnv, client: ApiClient, name: str) -> ClusterSource: ...
 
 
 @dataclass(frozen=True)
@@ -122,19 +154,12 @@ class ClusterConfig:
     @property
     def digest(self) -> str:
         """Equal for configs that connect the same way: an unchanged one restarts nothing."""
-        c = self.connection
-        if isinstance(c, UntrustedKubeconfig):
-            return kubeconfig_hash(c.data) if c.data is not None else ""
-        if isinstance(c, KubeconfigFile):
-            return f"{c.path}\0{c.context}\0{c.digest}"
-        if isinstance(c, NamespaceConnection):
-            return f"namespace\0{c.namespace}"
-        return "local"
+        return self.connection.digest
 
     @property
     def local(self) -> bool:
         """Whether this is the management cluster itself."""
-        return isinstance(self.connection, LocalConnection)
+        return self.connection.local
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ async def started(tmp_path: Path) -> AsyncIterator[tuple[KubeconfigFilesProvider
 def digest(provider: KubeconfigFilesProvider, name: str) -> str:
     config = provider.get(name)
     assert config is not None and isinstance(config.connection, KubeconfigFile)
-    return config.connection.digest
+    return config.connection.entries_digest
 
 
 async def test_contexts_are_members_and_a_new_context_is_a_new_name(started: Any) -> None:
