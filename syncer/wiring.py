@@ -8,7 +8,7 @@ loads neither the sharding nor the fleet workload.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
@@ -20,7 +20,7 @@ from informers import (
 from informers.wanted import WatchMode
 
 from .plugins import Plugins
-from .settings import Clusters, Settings, UnitKind
+from .settings import Settings, UnitKind
 from .workload import OnStuck, Process, Workload
 
 if TYPE_CHECKING:
@@ -94,60 +94,17 @@ def _cluster_registry(process: Process, required: set[GVR], *, fence: Fence = OP
 
 
 def cluster_providers(settings: Settings, management: ApiClient) -> list[ClusterProvider]:
-    """The cluster providers ``[clusters]`` names, in precedence order, then the local cluster if included: a new
-    provider is its module plus a line here."""
+    """The cluster providers ``[clusters]`` names (built as their kinds say, ``settings/providers.py``), in
+    precedence order, then the local cluster if included."""
     from controllers.providers.local import LocalProvider
 
+    from .settings.providers import KINDS
+
     c = settings.clusters
-    providers = [_PROVIDERS[name](c, management) for name in c.providers]
+    providers = [KINDS[name].build(c, management) for name in c.providers]
     if c.include_local:
         providers.append(LocalProvider())
     return providers
-
-
-def _secrets(c: Clusters, management: ApiClient) -> ClusterProvider:
-    from controllers.providers.secrets import SecretOptions, SecretProvider
-
-    return SecretProvider(management, SecretOptions(namespaces=c.namespaces, label_selectors=c.label_selectors,
-                                                    secret_types=c.secret_types))
-
-
-def _cluster_api(c: Clusters, management: ApiClient) -> ClusterProvider:
-    from controllers.providers.cluster_api import ClusterAPIOptions, ClusterAPIProvider
-
-    o = c.cluster_api
-    return ClusterAPIProvider(management, ClusterAPIOptions(namespaces=o.namespaces, ready_only=o.ready_only,
-                                                            label_selector=o.label_selector or None))
-
-
-def _kubeconfig_files(c: Clusters, management: ApiClient) -> ClusterProvider:
-    from controllers.providers.kubeconfig_files import KubeconfigFilesOptions, KubeconfigFilesProvider
-
-    o = c.kubeconfig_files
-    return KubeconfigFilesProvider(KubeconfigFilesOptions(paths=o.paths, contexts=o.contexts,
-                                                          reload_interval=o.reload_interval))
-
-
-def _cluster_profile(c: Clusters, management: ApiClient) -> ClusterProvider:
-    from controllers.providers.cluster_profile import (
-        ClusterProfileOptions, ClusterProfileProvider, load_access_providers,
-    )
-
-    o = c.cluster_profile
-    return ClusterProfileProvider(management, ClusterProfileOptions(
-        load_access_providers(o.provider_file), namespaces=o.namespaces, label_selector=o.label_selector or None))
-
-
-def _host_namespaces(c: Clusters, management: ApiClient) -> ClusterProvider:
-    from controllers.providers.namespaces import HostNamespacesProvider
-
-    return HostNamespacesProvider(management, c.host_namespaces.label_selector or None)
-
-
-# Each provider's name in ``clusters.providers`` (settings.CLUSTER_PROVIDERS) and how it is built from [clusters].
-_PROVIDERS: dict[str, Callable[[Clusters, ApiClient], ClusterProvider]] = {
-    "secrets": _secrets, "cluster-api": _cluster_api, "kubeconfig-files": _kubeconfig_files,
-    "cluster-profile": _cluster_profile, "host-namespaces": _host_namespaces}
 
 
 def member_options(settings: Settings) -> MemberOptions:

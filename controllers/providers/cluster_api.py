@@ -59,12 +59,20 @@ _BY_NAME = "name"  # the index of the Cluster informers
 
 @dataclass(frozen=True)
 class ClusterAPIOptions:
-    """Which Clusters count (``namespaces`` empty: all; ``label_selector`` on the Clusters; ``ready_only``: see the
-    module docstring) and how often to look for the Cluster API while it is not installed."""
+    """Members from Cluster API, table ``[clusters.cluster_api]``: each ``Cluster`` on the management cluster is a
+    member, with the kubeconfig of its ``<cluster>-kubeconfig`` Secret.
+
+    - ``namespaces``: where the Cluster objects and their Secrets are (DNS-1123 labels; ``[]``: all namespaces).
+    - ``ready_only``: only Clusters whose control plane Cluster API reports initialized join
+      (``status.initialization.controlPlaneInitialized``, in v1beta1 ``status.controlPlaneReady``; off: every
+      Cluster with a kubeconfig Secret does).
+    - ``label_selector``: only Clusters matching this label selector (``""``: every Cluster).
+    - ``discovery_interval`` (not a setting): how often to look for the Cluster API while it is not installed.
+    """
 
     namespaces: Sequence[str] = ()
     ready_only: bool = False
-    label_selector: str | None = None
+    label_selector: str = ""
     discovery_interval: float = 30.0
 
 

@@ -103,12 +103,26 @@ def load_access_providers(path: str) -> tuple[AccessProvider, ...]:
 
 @dataclass(frozen=True)
 class ClusterProfileOptions:
-    """Which profiles count (``namespaces`` empty: all; ``label_selector`` on the profiles), the access providers
-    that may reach them (in order), and how often to look for the API while it is not installed."""
+    """Members from the Cluster Inventory API, table ``[clusters.cluster_profile]``: each ``ClusterProfile``
+    (``multicluster.x-k8s.io``) on the management cluster whose ``ControlPlaneHealthy`` condition is true is a
+    member named ``<namespace>/<name>``, reached through an access provider of ``provider_file``.
 
-    access_providers: Sequence[AccessProvider]
+    - ``provider_file``: the access-provider file (``~`` expanded; required when the provider is listed), in the
+      format of the Cluster Inventory API's consumers (``-clusterprofile-provider-file``): ``{"providers":
+      [{"name": ..., "execConfig": {<client-go exec config>}}]}``. It is the allow-list: a profile is reached
+      through the first provider of the file it offers in ``status.accessProviders``, by running that
+      provider's command; nothing a profile says chooses what runs (profile-sourced arguments and environment
+      are not supported).
+    - ``namespaces``: where the ClusterProfiles are (DNS-1123 labels; ``[]``: all namespaces).
+    - ``label_selector``: only ClusterProfiles matching this label selector (``""``: every one).
+    - ``access_providers`` (not a setting): the access providers themselves, instead of ``provider_file``;
+      ``discovery_interval`` (not a setting): how often to look for the API while it is not installed.
+    """
+
+    provider_file: str = ""
     namespaces: Sequence[str] = ()
-    label_selector: str | None = None
+    label_selector: str = ""
+    access_providers: Sequence[AccessProvider] = ()
     discovery_interval: float = 30.0
 
 
@@ -150,6 +164,8 @@ class ClusterProfileProvider(WatchingProvider):
                  name: str = "cluster-profile") -> None:
         self.management = management
         self.options = options
+        self.access_providers = tuple(options.access_providers) or \
+            (load_access_providers(options.provider_file) if options.provider_file else ())
         super().__init__(name)
         self.gvr: GVR | None = None
         self._profiles: list[SharedIndexInformer] = []
@@ -165,12 +181,12 @@ class ClusterProfileProvider(WatchingProvider):
             return None
         source = f"clusterprofile {cluster}"
         offers = offered(profile)
-        for provider in self.options.access_providers:
+        for provider in self.access_providers:
             if provider.name in offers:
                 return ClusterConfig(cluster, source, UntrustedKubeconfig(
                     profile_kubeconfig(provider, offers[provider.name]),
                     where=f"status.accessProviders[{provider.name}]", exec_commands=(provider.command,)))
-        allowed = ", ".join(p.name for p in self.options.access_providers)
+        allowed = ", ".join(p.name for p in self.access_providers)
         return ClusterConfig(cluster, source, UntrustedKubeconfig(
             None, where=f"status.accessProviders entry of an allowed access provider ({allowed})"))
 
@@ -197,7 +213,7 @@ class ClusterProfileProvider(WatchingProvider):
         return {"provider": self.name, "kind": "cluster-profile", "state": self.state.value, "message": message,
                 "resource": str(self.gvr) if self.gvr is not None else None,
                 "namespaces": list(self.options.namespaces), "label_selector": self.options.label_selector,
-                "access_providers": [p.name for p in self.options.access_providers],
+                "access_providers": [p.name for p in self.access_providers],
                 "synced": self._synced.is_set(), "profiles": sum(len(inf.store) for inf in self._profiles),
                 "members": len(self.names())}
 

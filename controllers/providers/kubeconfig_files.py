@@ -40,8 +40,14 @@ Signature = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
 
 @dataclass(frozen=True)
 class KubeconfigFilesOptions:
-    """The files (``~`` expanded, relative to the working directory), the contexts to take (empty: all) and how
-    often to check the files for changes."""
+    """Members from the operator's own kubeconfig files, table ``[clusters.kubeconfig_files]``: each context is a
+    member named after it. Unlike a Secret's, these kubeconfigs are trusted, as ``kubectl`` trusts them: file
+    references and exec plugins work.
+
+    - ``paths``: the files (``~`` expanded; each must exist; at least one when the provider is listed).
+    - ``contexts``: the contexts that are members (``[]``: every context of every file).
+    - ``reload_interval``: how often the files' modification times are checked, to pick up a changed file.
+    """
 
     paths: Sequence[str] = ()
     contexts: Sequence[str] = ()

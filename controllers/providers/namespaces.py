@@ -21,6 +21,7 @@ namespace.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
@@ -35,14 +36,27 @@ from .watching import ProviderState, WatchingProvider
 NAMESPACES = GVR("", "v1", "namespaces")
 
 
-class HostNamespacesProvider(WatchingProvider):
-    """Member clusters from the Namespaces of ``management`` matching ``label_selector`` (see the module)."""
+@dataclass(frozen=True)
+class HostNamespacesOptions:
+    """Members from the management cluster's own namespaces, table ``[clusters.host_namespaces]``: each Namespace is
+    a member named after it, until it is deleted; its informers are its namespace's view of informers the members
+    share, over the management cluster's connection.
 
-    def __init__(self, management: ApiClient, label_selector: str | None = None, *,
+    - ``label_selector``: only Namespaces matching this label selector (``""``: every Namespace).
+    """
+
+    label_selector: str = ""
+
+
+class HostNamespacesProvider(WatchingProvider):
+    """Member clusters from the Namespaces of ``management`` that ``options`` select (see the module)."""
+
+    def __init__(self, management: ApiClient, options: HostNamespacesOptions = HostNamespacesOptions(), *,
                  name: str = "host-namespaces") -> None:
         super().__init__(name)
         self.management = management
-        self.label_selector = label_selector
+        self.options = options
+        label_selector = options.label_selector
         self.host = NamespaceHost(name)  # the informers its members share: outlives the provider while they run
         self._namespaces = SharedIndexInformer(management, NAMESPACES, label_selector=label_selector,
                                                transform=drop_managed_fields)
@@ -71,14 +85,14 @@ class HostNamespacesProvider(WatchingProvider):
     def status(self) -> dict[str, Any]:
         """What the provider watches."""
         return {"provider": self.name, "kind": "host-namespaces", "state": self.state.value,
-                "message": f"watching namespaces{f' ({self.label_selector})' if self.label_selector else ''}",
-                "label_selector": self.label_selector, "synced": self._synced.is_set(),
+                "message": f"watching namespaces{f' ({self.options.label_selector})' if self.options.label_selector else ''}",
+                "label_selector": self.options.label_selector, "synced": self._synced.is_set(),
                 "namespaces": len(self._namespaces.store), "members": len(self.names()),
                 "views": self.host.views}
 
     async def _watch_source(self) -> None:
         logger.bind(component=self.name).info("watching namespaces{} as member clusters",
-                                              f" ({self.label_selector})" if self.label_selector else "")
+                                              f" ({self.options.label_selector})" if self.options.label_selector else "")
         self.state = ProviderState.WATCHING
         self._namespaces.start()
         await self._namespaces.wait_for_sync()

@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from informers.selector import LabelSelector, SelectorError
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -192,3 +194,15 @@ def dns_labels(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
         except Invalid:
             raise Invalid(expect, f"{v!r} is not a DNS-1123 label") from None
     return tuple(value)
+
+
+def label_selector(value: Any, done: Mapping[str, Any]) -> str:
+    """A label selector (``""``: every object)."""
+    expect = "a label selector, like 'env=prod,tier!=test', or an empty string for every object"
+    if not isinstance(value, str):
+        raise Invalid(expect)
+    try:
+        LabelSelector.parse(value)
+    except SelectorError as e:
+        raise Invalid(expect, str(e)) from None
+    return value

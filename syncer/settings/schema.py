@@ -18,7 +18,8 @@ from .checks import (
     Check, Invalid, auto_or_boolean, boolean, choice, dns_labels, dns_name, duration, existing, host_port, integer,
     parsed_strings, string, string_list, strings,
 )
-from .tables import CLUSTER_PROVIDERS, LOG_LEVELS, MAX_BUCKETS, MAX_WORKERS
+from .providers import CLUSTER_PROVIDERS, PROVIDER_CHECKS, PROVIDER_TABLES
+from .tables import LOG_LEVELS, MAX_BUCKETS, MAX_WORKERS
 
 _resource_rules = parsed_strings("resource rules", Rule.parse, ValueError)
 
@@ -161,53 +162,6 @@ def _providers(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(providers)
 
 
-def _label_selector(value: Any, done: Mapping[str, Any]) -> str:
-    expect = "a label selector, like 'env=prod,tier!=test', or an empty string for every object"
-    if not isinstance(value, str):
-        raise Invalid(expect)
-    try:
-        LabelSelector.parse(value)
-    except SelectorError as e:
-        raise Invalid(expect, str(e)) from None
-    return value
-
-
-def _kubeconfig_paths(value: Any, done: Mapping[str, Any]) -> tuple[str, ...]:
-    expect = ("a list of paths of existing kubeconfig files ('~' expanded), not empty while \"kubeconfig-files\" is "
-              "in clusters.providers")
-    paths = string_list(value)
-    if paths is None:
-        raise Invalid(expect)
-    if not paths and "kubeconfig-files" in done["clusters.providers"]:
-        raise Invalid(expect, "clusters.providers lists \"kubeconfig-files\": name at least one file")
-    expanded = tuple(str(Path(p).expanduser()) for p in paths)
-    for given, path in zip(paths, expanded):
-        if not Path(path).is_file():
-            raise Invalid(expect, f"{given!r} {'is not a file' if Path(path).exists() else 'does not exist'}")
-    return expanded
-
-
-def _provider_file(value: Any, done: Mapping[str, Any]) -> str:
-    from controllers.providers.cluster_profile import load_access_providers
-
-    expect = ("the path of a JSON access-provider file ({\"providers\": [{\"name\": ..., \"execConfig\": {...}}]}), "
-              "required while \"cluster-profile\" is in clusters.providers")
-    if not isinstance(value, str):
-        raise Invalid(expect)
-    if not value:
-        if "cluster-profile" in done["clusters.providers"]:
-            raise Invalid(expect, "clusters.providers lists \"cluster-profile\": name the file")
-        return ""
-    path = str(Path(value).expanduser())
-    if not Path(path).is_file():
-        raise Invalid(expect, f"{value!r} {'is not a file' if Path(path).exists() else 'does not exist'}")
-    try:
-        load_access_providers(path)
-    except ValueError as e:
-        raise Invalid(expect, str(e)) from None
-    return path
-
-
 # Every setting, in checking order (a limit relative to another setting comes after that setting).
 CHECKS: dict[str, Check] = {
     "kubeconfig": _kubeconfig,
@@ -262,16 +216,7 @@ CHECKS: dict[str, Check] = {
     "clusters.sync_timeout": duration(),
     "clusters.probe_interval": duration(),
     "clusters.watch": choice(("required", "all")),
-    "clusters.cluster_api.namespaces": dns_labels,
-    "clusters.cluster_api.ready_only": boolean,
-    "clusters.cluster_api.label_selector": _label_selector,
-    "clusters.kubeconfig_files.paths": _kubeconfig_paths,
-    "clusters.kubeconfig_files.contexts": strings("context names, or [] for every context"),
-    "clusters.kubeconfig_files.reload_interval": duration(),
-    "clusters.cluster_profile.provider_file": _provider_file,
-    "clusters.cluster_profile.namespaces": dns_labels,
-    "clusters.cluster_profile.label_selector": _label_selector,
-    "clusters.host_namespaces.label_selector": _label_selector,
+    **PROVIDER_CHECKS,
     "sharding.enabled": boolean,
     "sharding.units": _unit_kind,
     "sharding.group": dns_name("label"),
@@ -289,5 +234,4 @@ CHECKS: dict[str, Check] = {
     "plugin_settings": _plugin_tables,
 }
 # The settings that are tables of settings (checked key by key above), a table's own tables after it.
-TABLES = ("leader_election", "webhooks", "clusters", "clusters.cluster_api", "clusters.kubeconfig_files",
-          "clusters.cluster_profile", "clusters.host_namespaces", "sharding", "tracing")
+TABLES = ("leader_election", "webhooks", "clusters", *PROVIDER_TABLES, "sharding", "tracing")

@@ -8,6 +8,10 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from controllers.read_your_writes import DEFAULT_READ_YOUR_WRITES
+from controllers.providers.cluster_api import ClusterAPIOptions
+from controllers.providers.cluster_profile import ClusterProfileOptions
+from controllers.providers.kubeconfig_files import KubeconfigFilesOptions
+from controllers.providers.namespaces import HostNamespacesOptions
 from controllers.providers.secrets import DEFAULT_LABEL_SELECTORS, DEFAULT_SECRET_TYPES
 from informers.discovering_factory import WatchMode
 
@@ -66,78 +70,6 @@ class Webhooks:
     probe_namespace: str = "default"
 
 
-CLUSTER_PROVIDERS = ("secrets", "cluster-api", "kubeconfig-files", "cluster-profile", "host-namespaces")
-
-
-@dataclass(frozen=True)
-class ClusterAPI:
-    """Members from Cluster API, table ``[clusters.cluster_api]`` (used when ``"cluster-api"`` is in
-    ``clusters.providers``): each ``Cluster`` object on the management cluster is a member, with the kubeconfig
-    of its ``<cluster>-kubeconfig`` Secret.
-
-    - ``namespaces``: where the Cluster objects and their Secrets are (DNS-1123 labels; ``[]``: all namespaces).
-    - ``ready_only``: only Clusters whose control plane Cluster API reports initialized join
-      (``status.initialization.controlPlaneInitialized``, in v1beta1 ``status.controlPlaneReady``; off: every
-      Cluster with a kubeconfig Secret does).
-    - ``label_selector``: only Clusters matching this label selector (``""``: every Cluster).
-    """
-
-    namespaces: tuple[str, ...] = ()
-    ready_only: bool = False
-    label_selector: str = ""
-
-
-@dataclass(frozen=True)
-class KubeconfigFiles:
-    """Members from the operator's own kubeconfig files, table ``[clusters.kubeconfig_files]`` (used when
-    ``"kubeconfig-files"`` is in ``clusters.providers``): each context is a member named after it. Unlike a
-    Secret's, these kubeconfigs are trusted, as ``kubectl`` trusts them: file references and exec plugins work.
-
-    - ``paths``: the files (``~`` expanded; each must exist; at least one when the provider is listed).
-    - ``contexts``: the contexts that are members (``[]``: every context of every file).
-    - ``reload_interval``: how often the files' modification times are checked, to pick up a changed file.
-    """
-
-    paths: tuple[str, ...] = ()
-    contexts: tuple[str, ...] = ()
-    reload_interval: float = 5.0
-
-
-@dataclass(frozen=True)
-class ClusterProfile:
-    """Members from the Cluster Inventory API, table ``[clusters.cluster_profile]`` (used when
-    ``"cluster-profile"`` is in ``clusters.providers``): each ``ClusterProfile`` (``multicluster.x-k8s.io``) on the
-    management cluster whose ``ControlPlaneHealthy`` condition is true is a member named ``<namespace>/<name>``,
-    reached through an access provider of ``provider_file``.
-
-    - ``provider_file``: the access-provider file (``~`` expanded; required when the provider is listed), in the
-      format of the Cluster Inventory API's consumers (``-clusterprofile-provider-file``): ``{"providers":
-      [{"name": ..., "execConfig": {<client-go exec config>}}]}``. It is the allow-list: a profile is reached
-      through the first provider of the file it offers in ``status.accessProviders``, by running that
-      provider's command; nothing a profile says chooses what runs (profile-sourced arguments and environment
-      are not supported).
-    - ``namespaces``: where the ClusterProfiles are (DNS-1123 labels; ``[]``: all namespaces).
-    - ``label_selector``: only ClusterProfiles matching this label selector (``""``: every one).
-    """
-
-    provider_file: str = ""
-    namespaces: tuple[str, ...] = ()
-    label_selector: str = ""
-
-
-@dataclass(frozen=True)
-class HostNamespaces:
-    """Members from the management cluster's own namespaces, table ``[clusters.host_namespaces]`` (used when
-    ``"host-namespaces"`` is in ``clusters.providers``): each Namespace is a member named after it, until it is
-    deleted; the members share one informer per required namespaced resource over the management cluster's
-    connection, each seeing its own namespace's objects and events.
-
-    - ``label_selector``: only Namespaces matching this label selector (``""``: every Namespace).
-    """
-
-    label_selector: str = ""
-
-
 @dataclass(frozen=True)
 class Clusters:
     """Multi-cluster mode, table ``[clusters]``: member clusters come from the cluster providers (by default the
@@ -167,8 +99,9 @@ class Clusters:
     - ``watch``: which served GVRs get informers in member clusters, the management cluster included (it runs
       nothing of its own in this mode): ``"required"`` (those some controller requires) or ``"all"``; the
       top-level ``watch`` applies only without ``[clusters]``.
-    - ``cluster_api``: see ``ClusterAPI``; ``kubeconfig_files``: see ``KubeconfigFiles``; ``cluster_profile``:
-      see ``ClusterProfile``; ``host_namespaces``: see ``HostNamespaces``.
+    - ``cluster_api``, ``kubeconfig_files``, ``cluster_profile``, ``host_namespaces``: the providers' own tables,
+      their options dataclasses (``ClusterAPIOptions``, ``KubeconfigFilesOptions``, ``ClusterProfileOptions``,
+      ``HostNamespacesOptions``); each kind is registered in ``providers.py``.
     """
 
     enabled: bool = False
@@ -181,10 +114,10 @@ class Clusters:
     sync_timeout: float = 30.0
     probe_interval: float = 300.0
     watch: WatchMode = "required"
-    cluster_api: ClusterAPI = field(default_factory=ClusterAPI)
-    kubeconfig_files: KubeconfigFiles = field(default_factory=KubeconfigFiles)
-    cluster_profile: ClusterProfile = field(default_factory=ClusterProfile)
-    host_namespaces: HostNamespaces = field(default_factory=HostNamespaces)
+    cluster_api: ClusterAPIOptions = field(default_factory=ClusterAPIOptions)
+    kubeconfig_files: KubeconfigFilesOptions = field(default_factory=KubeconfigFilesOptions)
+    cluster_profile: ClusterProfileOptions = field(default_factory=ClusterProfileOptions)
+    host_namespaces: HostNamespacesOptions = field(default_factory=HostNamespacesOptions)
 
 
 class UnitKind(StrEnum):

@@ -128,7 +128,8 @@ def kubeconfig_of(config: ClusterConfig | None) -> dict[str, Any]:
 
 async def test_waits_for_the_api_then_picks_profiles_up(api: ApiClient, ns: str) -> None:
     await remove_crd(api)
-    provider, changes = await started(api, ClusterProfileOptions([TOKEN], namespaces=[ns], discovery_interval=0.2))
+    provider, changes = await started(api, ClusterProfileOptions(access_providers=[TOKEN], namespaces=[ns],
+                                                                  discovery_interval=0.2))
     try:
         as_protocol: ClusterProvider = provider
         assert isinstance(as_protocol, ClusterProvider)
@@ -145,7 +146,7 @@ async def test_waits_for_the_api_then_picks_profiles_up(api: ApiClient, ns: str)
 
 
 async def test_a_healthy_profile_is_a_member_until_deleted(api: ApiClient, crd: None, ns: str) -> None:
-    provider, changes = await started(api, ClusterProfileOptions([TOKEN], namespaces=[ns]))
+    provider, changes = await started(api, ClusterProfileOptions(access_providers=[TOKEN], namespaces=[ns]))
     try:
         profile = await create_profile(api, ns, "east", offering("token", healthy="False"))
         await create_profile(api, ns, "bare")  # no status at all yet
@@ -174,7 +175,7 @@ async def test_a_healthy_profile_is_a_member_until_deleted(api: ApiClient, crd: 
 
 async def test_only_a_changed_way_in_changes_the_config(api: ApiClient, crd: None, ns: str) -> None:
     """A new server rotates the member (a new digest); new properties or version restart nothing."""
-    provider, _ = await started(api, ClusterProfileOptions([TOKEN], namespaces=[ns]))
+    provider, _ = await started(api, ClusterProfileOptions(access_providers=[TOKEN], namespaces=[ns]))
     try:
         profile = await create_profile(api, ns, "east", offering("token"))
         await eventually(lambda: provider.get(f"{ns}/east") is not None, 10, "the member")
@@ -199,7 +200,7 @@ async def test_only_a_changed_way_in_changes_the_config(api: ApiClient, crd: Non
 
 
 async def test_the_first_allowed_provider_the_profile_offers_is_used(api: ApiClient, crd: None, ns: str) -> None:
-    provider, _ = await started(api, ClusterProfileOptions([OIDC, TOKEN], namespaces=[ns]))
+    provider, _ = await started(api, ClusterProfileOptions(access_providers=[OIDC, TOKEN], namespaces=[ns]))
     try:
         await create_profile(api, ns, "both", offering("token", "oidc"))
         await create_profile(api, ns, "old", offering("token", field="credentialProviders"))  # the deprecated field
@@ -217,7 +218,8 @@ async def test_the_first_allowed_provider_the_profile_offers_is_used(api: ApiCli
 
 async def test_label_selector_and_namespaces_pick_profiles(api: ApiClient, crd: None, ns: str) -> None:
     async with fresh_namespace(api, "profiles-out") as elsewhere:
-        provider, _ = await started(api, ClusterProfileOptions([TOKEN], namespaces=[ns], label_selector="fleet=yes"))
+        provider, _ = await started(api, ClusterProfileOptions(access_providers=[TOKEN], namespaces=[ns],
+                                                                     label_selector="fleet=yes"))
         try:
             await create_profile(api, ns, "in", offering("token"), labels={"fleet": "yes"})
             await create_profile(api, ns, "out", offering("token"))
@@ -290,7 +292,8 @@ async def test_a_profile_joins_the_registry_through_its_access_provider_and_leav
     access = AccessProvider("test-token", {
         "apiVersion": V1, "command": str(plugin), "provideClusterInfo": True,
         "env": [{"name": "TOKEN", "value": member_plane.admin_token}, {"name": "INFO_FILE", "value": str(info)}]})
-    registry = ClusterRegistry(api, [ClusterProfileProvider(api, ClusterProfileOptions([access], namespaces=[ns]))],
+    registry = ClusterRegistry(api, [ClusterProfileProvider(
+        api, ClusterProfileOptions(access_providers=[access], namespaces=[ns]))],
                                MemberOptions(sync_timeout=20, probe_interval=3600), required=[CONFIGMAPS])
     members = HandlerLog()
     await registry.register_cluster_handler(members)
@@ -325,4 +328,5 @@ def test_the_settings_build_the_provider(tmp_path: Path, monkeypatch: pytest.Mon
                                      'namespaces = ["fleet"]\nlabel_selector = "env=prod"\n')
     [provider] = cluster_providers(load_settings(str(tmp_path / "s.toml")), ApiClient(ClientConfig("https://h:1")))
     assert isinstance(provider, ClusterProfileProvider) and provider.name == "cluster-profile"
-    assert provider.options == ClusterProfileOptions((TOKEN,), namespaces=("fleet",), label_selector="env=prod")
+    assert provider.access_providers == (TOKEN,)
+    assert (provider.options.namespaces, provider.options.label_selector) == (("fleet",), "env=prod")

@@ -16,7 +16,7 @@ from controllers.cluster_registry import ClusterRegistry
 from controllers.fleet import FleetController, FleetLoop
 from controllers.member import MemberOptions
 from controllers.provider import ClusterProvider, NamespaceConnection
-from controllers.providers.namespaces import HostNamespacesProvider
+from controllers.providers.namespaces import HostNamespacesOptions, HostNamespacesProvider
 from informers import ApiClient, FuncHandler
 from informers.namespace_view import NamespaceInformer
 
@@ -49,7 +49,7 @@ async def namespaces(api: ApiClient, tenant: str) -> AsyncIterator[list[str]]:
 async def test_selected_namespaces_are_members_until_deleted(api: ApiClient, tenant: str,
                                                              namespaces: list[str]) -> None:
     a, b, unlabelled = namespaces
-    provider = HostNamespacesProvider(api, f"tenant={tenant}")
+    provider = HostNamespacesProvider(api, HostNamespacesOptions(f"tenant={tenant}"))
     changes: list[str] = []
     await provider.start(changes.append)
     try:
@@ -76,7 +76,7 @@ async def test_selected_namespaces_are_members_until_deleted(api: ApiClient, ten
 async def test_each_namespace_member_shares_the_management_client_and_sees_its_namespace_only(
         api: ApiClient, tenant: str, namespaces: list[str]) -> None:
     a, b, _ = namespaces
-    registry = ClusterRegistry(api, [HostNamespacesProvider(api, f"tenant={tenant}")],
+    registry = ClusterRegistry(api, [HostNamespacesProvider(api, HostNamespacesOptions(f"tenant={tenant}"))],
                                MemberOptions(sync_timeout=20, probe_interval=3600), required=[CONFIGMAPS])
     members = HandlerLog()
     await registry.register_cluster_handler(members)
@@ -128,7 +128,7 @@ async def test_namespace_members_share_one_informer_per_gvr(api: ApiClient, tena
     for name in names:
         await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name, "labels": {"tenant": tenant}}})
     watches = record_watches(api)
-    provider = HostNamespacesProvider(api, f"tenant={tenant}")
+    provider = HostNamespacesProvider(api, HostNamespacesOptions(f"tenant={tenant}"))
     registry = ClusterRegistry(api, [provider], MemberOptions(sync_timeout=20, probe_interval=3600),
                                required=[CONFIGMAPS])
     members = HandlerLog()
@@ -200,7 +200,7 @@ async def test_each_members_controller_sees_its_namespace_and_members_follow_lab
     def create(ctx: Any) -> Any:
         return Controller("cms", reconcile, metrics_registry=CollectorRegistry()).for_(CONFIGMAPS).run
 
-    registry = ClusterRegistry(api, [HostNamespacesProvider(api, f"tenant={tenant}")],
+    registry = ClusterRegistry(api, [HostNamespacesProvider(api, HostNamespacesOptions(f"tenant={tenant}"))],
                                MemberOptions(sync_timeout=20, probe_interval=3600), required=[CONFIGMAPS])
     per_cluster = ClusterControllers({"cms": ManagedController([CONFIGMAPS], create)}, name="t")
     await registry.register_cluster_handler(per_cluster)
@@ -245,7 +245,7 @@ async def test_a_fleet_controller_over_namespace_members_reads_each_namespace_as
         async def reconcile(self, cluster: str, request: Request) -> None:
             seen.append((cluster, request.key))
 
-    registry = ClusterRegistry(api, [HostNamespacesProvider(api, f"tenant={tenant}")],
+    registry = ClusterRegistry(api, [HostNamespacesProvider(api, HostNamespacesOptions(f"tenant={tenant}"))],
                                MemberOptions(sync_timeout=20, probe_interval=3600), required=[CONFIGMAPS])
     loop = FleetLoop("cms", FleetController(CONFIGMAPS, lambda ctx: Reconciler()), registry.clients, management=api)
     await registry.register_cluster_handler(loop)

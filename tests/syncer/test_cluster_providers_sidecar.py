@@ -16,7 +16,9 @@ from controllers import ControllerContext, ManagedController
 from informers import ApiClient
 from syncer.plugins import Plugins
 from syncer.runtime import Syncer
-from syncer.settings import Clusters, HostNamespaces, KubeconfigFiles, Settings
+from controllers.providers.kubeconfig_files import KubeconfigFilesOptions
+from controllers.providers.namespaces import HostNamespacesOptions
+from syncer.settings import Clusters, Settings
 from syncer.testing import ControlPlane
 
 from tests.helpers import CONFIGMAPS, eventually, free_port
@@ -53,7 +55,8 @@ async def test_files_and_secrets_at_once_the_first_listed_holds_a_name(
                        http_bind=f"127.0.0.1:{free_port()}", shutdown_timeout=10.0,
                        clusters=Clusters(enabled=True, providers=("kubeconfig-files", "secrets"),
                                          namespaces=(namespace,), sync_timeout=20.0,
-                                         kubeconfig_files=KubeconfigFiles(paths=(str(path),), reload_interval=0.1)))
+                                         kubeconfig_files=KubeconfigFilesOptions(paths=(str(path),),
+                                                                                 reload_interval=0.1)))
     syncer = Syncer(settings, ApiClient.from_kubeconfig(str(control_plane.kubeconfig)),
                     Plugins({"idle": idle_controller()}), identity="providers")
     stop = asyncio.Event()
@@ -90,7 +93,7 @@ async def test_namespaces_of_the_management_cluster_as_members(control_plane: Co
     settings = replace(Settings(), kubeconfig=str(control_plane.kubeconfig), include=("core/configmaps",),
                        http_bind=f"127.0.0.1:{free_port()}", shutdown_timeout=10.0,
                        clusters=Clusters(enabled=True, providers=("host-namespaces",), sync_timeout=20.0,
-                                         host_namespaces=HostNamespaces(label_selector=f"t={tenant}")))
+                                         host_namespaces=HostNamespacesOptions(label_selector=f"t={tenant}")))
     syncer = Syncer(settings, ApiClient.from_kubeconfig(str(control_plane.kubeconfig)),
                     Plugins({"idle": idle_controller()}), identity="namespaces")
     stop = asyncio.Event()
