@@ -8,9 +8,9 @@ an instance that ends wakes the next pass, and a controller is never restarted b
 has ended (no overlap). ``create`` is bounded by ``start_timeout``; a failing or hung ``create``, or a
 controller that returns or crashes on its own, is retried with exponential backoff. Handlers a controller
 registered through its context are removed when it ends, however it ends (also when cancelled mid-``create``).
-A source that offers removal hooks (``RemovalHooks``) gets the controllers reading a GVR stopped before its informer
-is torn down. A source that watches only what is required (``DemandSource``) is told, under the manager's
-name, every GVR its controllers require, from ``start()`` until ``stop()`` has stopped them: kcp's manager
+The source's removal hooks get the controllers reading a GVR stopped before its informer is torn down, and
+the source (which may watch only what is required) is told, under the manager's name, every GVR its
+controllers require, from ``start()`` until ``stop()`` has stopped them: kcp's manager
 needs no such declaration because its source watches everything. A controller that ignores its cancellation
 is reported (``stuck``; ``stop()`` returns its name) rather than forgotten: only the caller can decide that
 the process must end. Its ``controller_manager_*`` series exist from ``start()`` to ``stop()``: label sets kept once
@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from informers import (
-    GVR, ApiClient, Backoff, DemandSource, Explains, InformerSource, RemovalHooks, SharedIndexInformer, Subscription,
+    GVR, ApiClient, Backoff, InformerSource, SharedIndexInformer, Subscription,
     Supervisor,
 )
 from informers.discovering_factory import NOT_SERVED_YET
@@ -226,14 +226,12 @@ class ControllerManager:
         hooks, if it has them) and begin passes (the first at once)."""
         if self._looping:
             return
-        if isinstance(self.source, DemandSource):
-            self.source.require(self.name, {g for r in self._runners.values() for g in r.spec.required_gvrs})
+        self.source.require(self.name, {g for r in self._runners.values() for g in r.spec.required_gvrs})
         subscription = self.source.subscribe(self.name)
         # Our own wake-ups (a retry is due, an instance ended) are ticks of the same subscription: they coalesce
         # with the source's, and one loop serves them all.
         self._wake = subscription.notify
-        if isinstance(self.source, RemovalHooks):
-            self._unhook = self.source.add_removal_hook(self._before_removal)
+        self._unhook = self.source.add_removal_hook(self._before_removal)
         self._looping = True
         self._metrics.managers.add(self)
         self.supervisor.spawn(self._loop_name, lambda _: self._loop(subscription))
@@ -258,8 +256,7 @@ class ControllerManager:
             if r.retry_timer is not None:
                 r.retry_timer.cancel()
         self._metrics.managers.discard(self)
-        if isinstance(self.source, DemandSource):  # last: what it lets go of stops once nothing of ours reads it
-            self.source.release(self.name)
+        self.source.release(self.name)  # last: what it lets go of stops once nothing of ours reads it
         return self.alive()
 
     def alive(self) -> list[str]:
@@ -315,7 +312,7 @@ class ControllerManager:
     def _why_missing(self, r: _Runner, gvr: GVR) -> str:
         """``gvr`` with the source's reason for not serving it (``pods.v1 (excluded: ...)``), logged once per
         reason: a controller that waits because of the configuration must say so, not wait silently."""
-        why = (self.source.explain(gvr) if isinstance(self.source, Explains) else None) or _NOT_SERVED
+        why = self.source.explain(gvr) or _NOT_SERVED
         reason = r.spec.waiting_reason(gvr, why)
         if r.waiting_logged.get(gvr) != reason:
             r.waiting_logged[gvr] = reason

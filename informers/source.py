@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterable, Protocol
 
 from .gvr import GVR
 from .gvr_listeners import GVRHandler
@@ -88,28 +88,9 @@ class Notifier:
         self._subs.clear()
 
 
-class InformerSource(Protocol):
-    """What a ControllerManager consumes: subscribe to changes, read the synced / not-synced split.
-
-    A source may offer more, each capability a protocol of its own below (the discovering factory offers all
-    three); a consumer asks with ``isinstance(source, Capability)`` and does without it otherwise:
-
-    - ``RemovalHooks``: hooks awaited before an informer is dropped, so its readers stop on a whole cache;
-    - ``DemandSource``: a source that watches only what its owners declared they require;
-    - ``Explains``: why a GVR has no informer, for whoever waits for it.
-    """
-
-    def subscribe(self, id: str) -> Subscription: ...
-
-    def unsubscribe(self, id: str) -> None: ...
-
-    def informers(self) -> tuple[dict[GVR, SharedIndexInformer], list[GVR]]: ...
-
-
 RemovalHook = Callable[[GVR], Awaitable[None]]
 
 
-@runtime_checkable
 class RemovalHooks(Protocol):
     """``add_removal_hook(hook)``: every hook is awaited before the source stops and drops an informer, so whatever
     reads that informer's cache can be stopped while the cache is still whole; the returned function unregisters
@@ -118,7 +99,6 @@ class RemovalHooks(Protocol):
     def add_removal_hook(self, hook: RemovalHook) -> Callable[[], None]: ...
 
 
-@runtime_checkable
 class DemandSource(Protocol):
     """A source that watches only what is required (the discovering factory with ``watch="required"``): it starts
     informers for the union of the owners' declared GVRs and stops those nobody requires any more. ``require``
@@ -130,7 +110,6 @@ class DemandSource(Protocol):
     def release(self, owner: str) -> None: ...
 
 
-@runtime_checkable
 class Explains(Protocol):
     """``explain(gvr)``: why ``gvr`` has no informer (excluded, forbidden, not served yet, ...), or None when it has
     one."""
@@ -138,7 +117,19 @@ class Explains(Protocol):
     def explain(self, gvr: GVR) -> str | None: ...
 
 
-class ClusterSource(InformerSource, DemandSource, RemovalHooks, Explains, Protocol):
+class InformerSource(DemandSource, RemovalHooks, Explains, Protocol):
+    """What a ControllerManager consumes: subscribe to changes, read the synced / not-synced split, declare what
+    its controllers require (``DemandSource``), stop them before an informer goes (``RemovalHooks``) and say why a
+    GVR has no informer (``Explains``); the discovering factory and a namespace's view of one are the sources."""
+
+    def subscribe(self, id: str) -> Subscription: ...
+
+    def unsubscribe(self, id: str) -> None: ...
+
+    def informers(self) -> tuple[dict[GVR, SharedIndexInformer], list[GVR]]: ...
+
+
+class ClusterSource(InformerSource, Protocol):
     """All a member cluster's informers offer (its own discovering factory, or its namespace's view of a shared one,
     ``namespace_view.py``): the capabilities above, GVR lifecycle handlers, the discovery's ``status()`` and
     ``supervisor``, what its last pass found and its CRD and APIService caches (``triggers``), the watch events

@@ -40,8 +40,10 @@ class LocalInformer(SharedIndexInformer):
 
 
 class FakeSource:
-    """An InformerSource behaving like the discovering factory: ``remove`` awaits the removal hooks (offered
-    only when ``hooks``) while no longer listing the GVR, then stops and drops the informer, then notifies."""
+    """An InformerSource behaving like the discovering factory: ``remove`` awaits the removal hooks (with
+    ``hooks``; without, it drops an informer as if no hook were registered) while no longer listing the GVR, then
+    stops and drops the informer, then notifies. It watches what it serves whatever is required, and explains
+    nothing."""
 
     def __init__(self, hooks=True):
         self.notifier = Notifier()
@@ -49,12 +51,20 @@ class FakeSource:
         self.removing: set[GVR] = set()
         self.made: list[LocalInformer] = []
         self.hooks = []
-        if hooks:
-            self.add_removal_hook = self._add_removal_hook
+        self.awaits_hooks = hooks
 
-    def _add_removal_hook(self, hook):
+    def add_removal_hook(self, hook):
         self.hooks.append(hook)
         return lambda: self.hooks.remove(hook)
+
+    def require(self, owner, gvrs):
+        pass
+
+    def release(self, owner):
+        pass
+
+    def explain(self, gvr):
+        return None
 
     def subscribe(self, id):
         return self.notifier.subscribe(id)
@@ -89,7 +99,8 @@ class FakeSource:
         if inf is None:
             return
         self.removing.add(gvr)
-        await asyncio.gather(*(hook(gvr) for hook in self.hooks))
+        if self.awaits_hooks:
+            await asyncio.gather(*(hook(gvr) for hook in self.hooks))
         self.removing.discard(gvr)
         del self.current[gvr]
         await inf.stop()

@@ -138,6 +138,18 @@ class _NoSource:
     def informers(self):
         return {}, []
 
+    def require(self, owner, gvrs):
+        pass
+
+    def release(self, owner):
+        pass
+
+    def add_removal_hook(self, hook):
+        return lambda: None
+
+    def explain(self, gvr):
+        return None
+
     def subscribe(self, id):
         raise NotImplementedError
 
