@@ -7,14 +7,15 @@ settings: the controllers of one cluster (``workloads/single.py``), a fleet of m
 controller-runtime's manager starts its runnables by group (those needing leader election, the others), a
 workload says when it runs (``Lifetime``): for each leadership term, under that term's fence, or for the whole
 process, from discovery on, on every replica. A per-term workload also says which of the local cluster's GVRs a
-standby keeps watched (``standby_gvrs``, the warm standby of ``runtime.py``).
+standby keeps watched (``standby_gvrs``, the warm standby of ``runtime.py``), and may keep a part running between
+terms (``Standby``).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from controllers import Fence
 from controllers.health import HealthItem
@@ -66,6 +67,16 @@ class Workload(Protocol):
     def status(self) -> WorkloadStatus: ...
 
     def health(self) -> list[HealthItem]: ...
+
+
+@runtime_checkable
+class Standby(Protocol):
+    """A per-term workload with a part that outlives its terms (the fleet's registry of members, with warm standby):
+    ``warm()`` once discovery is done, on every replica, leader or not; ``cool()`` at shutdown, once no term runs."""
+
+    async def warm(self) -> None: ...
+
+    async def cool(self) -> None: ...
 
 
 class RegistryMaker(Protocol):
