@@ -14,11 +14,12 @@ from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
 from controllers.cluster_term import ClusterTerm
 from controllers.fence import CLOSED
+from controllers.fleet import FleetLoop
 from informers import ApiClient, ClusterNotFound, FenceError
 from syncer.fences import TermFence
 from syncer.testing import ControlPlane
 
-from tests.controllers.test_multicluster import Recorder, Starts
+from tests.controllers.test_multicluster import FleetRecorder, Recorder, Starts
 from tests.fleet import delete_secret, kubeconfig, options, put_secret
 from tests.helpers import CONFIGMAPS, eventually
 
@@ -38,7 +39,7 @@ async def test_a_term_ends_with_its_fence_and_the_members_stay_warm(api: ApiClie
     tasks_before = set(asyncio.all_tasks())
     registry = ClusterRegistry(api, *options(api, fleet_ns), fence=CLOSED, required=[CONFIGMAPS])
     await registry.start()
-    terms: list[tuple[ClusterTerm, ClusterControllers]] = []
+    terms: list[tuple[ClusterTerm, ClusterControllers, asyncio.Task[None]]] = []
     try:
         await put_secret(api, fleet_ns, "w1", kubeconfig(control_plane))
         await eventually(lambda: registry.list_clusters() == ["w1"], 30, "the member engaged, no term running")
@@ -47,34 +48,38 @@ async def test_a_term_ends_with_its_fence_and_the_members_stay_warm(api: ApiClie
         with pytest.raises(FenceError):  # the registry's own view of a member writes nothing
             await write(registry.clients.cluster("w1"), fleet_ns, "by-registry")
 
-        async def begin(fence: TermFence) -> tuple[ClusterTerm, Starts, Recorder]:
+        async def begin(fence: TermFence) -> tuple[ClusterTerm, Starts, Recorder, FleetLoop]:
             term, starts, recorder = ClusterTerm(registry, fence), Starts(CONFIGMAPS), Recorder()
             per_cluster = ClusterControllers({"cm": starts.spec()}, name=f"term {fence.term}", fence=fence)
-            await term.register_cluster_handler(per_cluster)
-            await term.register_cluster_handler(recorder)
+            loop = FleetLoop(f"fleet {fence.term}", FleetRecorder().spec(CONFIGMAPS), term.clients, fence=fence)
+            for handler in (per_cluster, recorder, loop):
+                await term.register_cluster_handler(handler)
             await term.start()
-            terms.append((term, per_cluster))
-            return term, starts, recorder
+            terms.append((term, per_cluster, asyncio.create_task(loop.run())))
+            return term, starts, recorder, loop
 
         async def end(fence: TermFence) -> None:
             fence.close()
-            term, per_cluster = terms.pop()
+            term, per_cluster, loop = terms.pop()
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
             assert await per_cluster.stop() == []
             await term.stop()
 
         one = term_fence(1)
-        term1, starts1, recorder1 = await begin(one)
+        term1, starts1, recorder1, loop1 = await begin(one)
         # Told at once, and the controller runs on the informer the standby kept synced.
         assert [name for name, _ in recorder1.added] == ["w1"] and term1.cluster("w1").fence is one
         await eventually(lambda: len(starts1.running) == 1, 30, "term 1's controller running in w1")
         ctx1 = next(iter(starts1.running.values()))
         assert ctx1.informers[CONFIGMAPS] is informer
+        await eventually(lambda: loop1.union.clusters() == ["w1"], 10, "w1 joining term 1's fleet loop")
         client1 = term1.clients.cluster("w1")
         await write(client1, fleet_ns, "by-term-1")
 
         await end(one)
         assert not starts1.running and recorder1.cleaned == ["w1"] and recorder1.removed == ["w1"]
-        assert term1.list_clusters() == []
+        assert term1.list_clusters() == [] and loop1.union.clusters() == [] and loop1._subs == {}
         with pytest.raises(ClusterNotFound):
             term1.cluster("w1")
         with pytest.raises(FenceError):  # a client of an ended term writes nothing, though its connection lives
@@ -85,8 +90,9 @@ async def test_a_term_ends_with_its_fence_and_the_members_stay_warm(api: ApiClie
         assert member.ctx is not None and member.ctx._cleanups == []
 
         two = term_fence(2)
-        term2, starts2, recorder2 = await begin(two)
+        term2, starts2, recorder2, loop2 = await begin(two)
         await eventually(lambda: len(starts2.running) == 1, 30, "term 2's controller running in w1")
+        await eventually(lambda: loop2._subs.get("w1") is informer, 10, "w1 joining term 2's fleet loop")
         assert next(iter(starts2.running.values())).informers[CONFIGMAPS] is informer
         await write(term2.clients.cluster("w1"), fleet_ns, "by-term-2")
         with pytest.raises(FenceError):  # term 1's client stays fenced in term 2
@@ -102,7 +108,9 @@ async def test_a_term_ends_with_its_fence_and_the_members_stay_warm(api: ApiClie
         assert sorted(i["metadata"]["name"] for i in written["items"]
                       if i["metadata"]["name"].startswith("by-")) == ["by-term-1", "by-term-2"]
     finally:
-        for term, per_cluster in terms:
+        for term, per_cluster, task in terms:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
             await per_cluster.stop()
             await term.stop()
         await registry.stop()
