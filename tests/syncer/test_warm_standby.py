@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import re
+import signal
 import subprocess
 import sys
 from typing import Any, Callable
@@ -158,6 +159,13 @@ def test_a_new_fleet_leader_reconciles_in_a_member_without_listing_when_the_stan
         assert listed == dict.fromkeys(WATCHED, 0.0), listed
     else:
         assert all(n >= 1 for n in listed.values()), listed
+    # A stop request ends the term, then the registry (warm: the process's), cleanly.
+    standby.proc.send_signal(signal.SIGTERM)
+    assert standby.proc.wait(30) == 0, standby.log[-3000:]
+    assert "Traceback" not in standby.log and not re.search(r"\d (ERROR|CRITICAL) ", standby.log), standby.log[-3000:]
+    # warm: the members stay until the lease is released (cold: they go with the term, before it)
+    released, gone = standby.log.index("released the lease"), standby.log.rindex("(the registry is stopping)")
+    assert (released < gone) is warm, standby.log[-3000:]
 
 
 def test_a_fleet_standby_declares_the_local_members_gvrs() -> None:
