@@ -81,7 +81,8 @@ class Standby(Protocol):
 
 class RegistryMaker(Protocol):
     """Builds the registry of member clusters over the process's parts (``wiring.py``): ``required`` GVRs in every
-    member, all engaged under the term's ``fence``, or as ``coordinator`` engages them (sharded)."""
+    member, all engaged under ``fence`` (``CLOSED`` for a fleet, whose terms write through a ``ClusterTerm``), or as
+    ``coordinator`` engages them (sharded)."""
 
     def __call__(self, required: set[GVR], *, fence: Fence = ...,
                  coordinator: Coordinator | None = None) -> ClusterRegistry: ...
