@@ -1,8 +1,9 @@
 """Bench-only plugin for bench/failover_bench.py: one controller reconciling every ConfigMap it watches.
 
-It does no work per reconcile. The first finished reconcile of the process sets
-``bench_failover_first_reconcile_time_seconds`` (Unix time, 0 before) and every one adds to
-``bench_failover_reconciles_total`` (this process's default registry, served on ``/metrics``).
+It does no work per reconcile. The first finished reconcile of the process in each cluster sets
+``bench_failover_first_reconcile_time_seconds{cluster}`` (Unix time; ``cluster`` is the member's name in
+multi-cluster mode, empty otherwise) and every one adds to ``bench_failover_reconciles_total{cluster}`` (this
+process's default registry, served on ``/metrics``).
 """
 
 from __future__ import annotations
@@ -16,20 +17,24 @@ from controllers import Controller, ControllerContext, ManagedController, Reques
 from informers import GVR
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
-FIRST = Gauge("bench_failover_first_reconcile_time_seconds", "Unix time of this process's first reconcile.")
-RECONCILES = Counter("bench_failover_reconciles", "Reconciles finished.")
+FIRST = Gauge("bench_failover_first_reconcile_time_seconds", "Unix time of this process's first reconcile in a "
+              "cluster.", ["cluster"])
+RECONCILES = Counter("bench_failover_reconciles", "Reconciles finished.", ["cluster"])
 
 
 def syncer_controllers(settings: dict[str, Any]) -> dict[str, ManagedController]:
     """The plugin hook: the controller ``failover`` on ConfigMaps."""
-    first = [True]
+    reconciled: set[str] = set()  # the clusters this process has reconciled in
 
     def create(ctx: ControllerContext) -> Any:
+        cluster = ctx.cluster or ""
+        done = RECONCILES.labels(cluster)
+
         async def reconcile(req: Request) -> None:
-            if first[0]:
-                first[0] = False
-                FIRST.set(time.time())
-            RECONCILES.inc()
+            if cluster not in reconciled:
+                reconciled.add(cluster)
+                FIRST.labels(cluster).set(time.time())
+            done.inc()
 
         return Controller("failover", reconcile, workers=ctx.workers).watch(CONFIGMAPS).run
 

@@ -131,6 +131,11 @@ class ClusterContext:
             raise RuntimeError(f"cluster {display_name(self.cluster)} has already gone")
         self._cleanups.append(cleanup)
 
+    def remove_cleanup(self, cleanup: Cleanup) -> None:
+        """Forget ``cleanup`` (its handler leaves before the cluster does, and has run it itself)."""
+        if cleanup in self._cleanups:
+            self._cleanups.remove(cleanup)
+
     def cancel(self) -> None:
         """Mark the cluster gone: from now on ``cancelled()`` is True and ``wait()`` returns."""
         self._cancelled.set()

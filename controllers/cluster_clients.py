@@ -1,7 +1,7 @@
 """ClusterClients: the multi-cluster client (skv2's ``mcClient``): a member's API client by cluster name.
 
-Each client writes through the fence its cluster was engaged under (the leadership term, or with sharding this
-replica's tenure of the cluster: see ``coordinator.py``), the same fence as the cluster's controllers.
+Each client writes through the fence of the ``Cluster`` it is asked for (a term's, through ``ClusterTerm``; with
+sharding this replica's tenure of the cluster: see ``coordinator.py``), the same fence as the cluster's controllers.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class ClusterRegistry:
         if not m.engaged or handler in m.told or m.ctx is None or m.cluster is None:
             return
         m.told.append(handler)
-        await _call(handler.add_cluster, m.ctx, m.name, m.cluster)
+        await call_handler(handler.add_cluster, m.ctx, m.name, m.cluster)
 
     # -- views -------------------------------------------------------------------------------------------
     def cluster(self, name: str) -> Cluster:
@@ -271,7 +271,7 @@ class ClusterRegistry:
                     if m.successor is None:
                         for handler in m.told:
                             if handler in self._handlers and isinstance(handler, ClusterRemovedHandler):
-                                await finish(_bounded_call(self.options.cleanup_timeout, handler.remove_cluster,
+                                await finish(bounded_call(self.options.cleanup_timeout, handler.remove_cluster,
                                                            m.name))
         finally:
             await m.release(self._env)
@@ -286,15 +286,16 @@ def _default_factory(metrics_registry: CollectorRegistry | None, client: ApiClie
                                                    metrics_registry=metrics_registry, metrics_cluster=name)
 
 
-async def _bounded_call(timeout: float, fn: Any, *args: Any) -> None:
+async def bounded_call(timeout: float, fn: Any, *args: Any) -> None:
+    """``call_handler`` within ``timeout`` (logged if it does not return in time)."""
     try:
         async with asyncio.timeout(timeout):
-            await _call(fn, *args)
+            await call_handler(fn, *args)
     except TimeoutError:
         logger.error("cluster handler {} did not return within {:g}s", getattr(fn, "__qualname__", fn), timeout)
 
 
-async def _call(fn: Any, *args: Any) -> None:
+async def call_handler(fn: Any, *args: Any) -> None:
     """Call a handler method (sync or async); a failure is logged, never raised into the registry."""
     try:
         result = fn(*args)

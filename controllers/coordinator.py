@@ -1,13 +1,15 @@
 """Coordinator: which of the clusters the providers give this replica engages, and under which fence
 (multicluster-runtime's sharded coordinator sits at the same place: between the providers and the members).
 
-Without sharding every cluster is engaged here under the leadership term's fence (``EngageAll``). With sharding
-(``syncer/shard_units.py``) the shard coordinator decides, a cluster at a time, and engages a cluster under the
+Without sharding every cluster is engaged here under one fence (``EngageAll``): the sidecar's is ``CLOSED``, and
+each leadership term writes through its own view of the members (``cluster_term.py``). With sharding
+(``syncer/sharding/units.py``) the shard coordinator decides, a cluster at a time, and engages a cluster under the
 fence of this replica's tenure of it. The registry of members knows neither: it engages and disengages what it
 is told to, so a new way of spreading clusters is one new coordinator.
 
-One rule decides the fence of a cluster's work: the fence the coordinator engaged it with. Its controllers check
-it, and its clients (``ClusterClients``) write through it.
+One rule decides the fence of a cluster's work: the fence of the ``Cluster`` it was handed, which is the one the
+coordinator engaged it with, or a term's for a term's handlers (``ClusterTerm``). Its controllers check it, and
+its clients (``ClusterClients``) write through it.
 """
 
 from __future__ import annotations

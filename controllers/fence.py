@@ -4,7 +4,7 @@ controller-runtime stops controllers when the lease is lost, but between the los
 still start a reconcile, and a process resumed after a pause (SIGSTOP, a VM freeze, a blocked loop) runs its
 queued work before the elector notices. A fence is checked locally, without a network call, before every work
 item and every write, so nothing of an expired term is acted on even in that window. The fences of Lease holders
-(a leadership term, a shard unit's tenure) are ``syncer/fences.py``'s; here are the two constant ones.
+(a leadership term, a shard unit's tenure) are ``syncer/fences.py``'s; here are the constant ones.
 """
 
 from __future__ import annotations
@@ -35,6 +35,20 @@ class _Open:
 
 
 OPEN: Fence = _Open()
+
+
+class _Closed:
+    """The fence of what no term runs: never valid. A fleet's registry of members that outlives the terms (the warm
+    standby) engages them under it, so only a term's view of them writes (``cluster_term.py``)."""
+
+    def valid(self) -> bool:
+        return False
+
+    def remaining(self) -> float:
+        return 0.0
+
+
+CLOSED: Fence = _Closed()
 
 
 def fenced(client: ApiClient, fence: Fence) -> ApiClient:

@@ -38,6 +38,7 @@ from informers.union_lister import UnionLister
 from .cluster import Cluster, ClusterContext, display_name
 from .cluster_clients import ClusterClients
 from .cluster_registry import ClusterRegistry
+from .cluster_term import ClusterTerm
 from .context import ReconcileStats
 from .fence import OPEN, Fence, fenced
 from .keyed_loop import KeyedLoop, still_in_term
@@ -106,10 +107,11 @@ CreateReconciler = Callable[[FleetContext], FleetReconciler | Awaitable[FleetRec
 @dataclass(frozen=True)
 class FleetScope:
     """What a fleet component gets for one leadership term: the ``registry`` of member clusters (register cluster
-    handlers on it; ``registry.clients`` writes to members), the management cluster's ``management`` client
-    (fenced by the term) and its discovering ``management_factory``, and the ``fence``."""
+    handlers on it; ``registry.clients`` writes to members; in the sidecar, the term's view of the members,
+    ``ClusterTerm``), the management cluster's ``management`` client (fenced by the term) and its discovering
+    ``management_factory``, and the ``fence``."""
 
-    registry: ClusterRegistry
+    registry: ClusterRegistry | ClusterTerm
     management: ApiClient
     management_factory: DiscoveringDynamicSharedInformerFactory
     fence: Fence

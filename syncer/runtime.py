@@ -30,7 +30,8 @@ metadata-only GVRs). It keeps them across terms and until shutdown. Unlike contr
 (``EnableWarmup``), which also start each controller's event sources and queue, the controllers themselves are
 created only when the term starts (``create`` is plugin code, which may act): their handlers then replay the
 synced cache from memory. Like them, a standby pays its own list and watch load and cache memory; ``/readyz``
-does not wait for the sync.
+does not wait for the sync. A workload that keeps more than local GVRs warm (a fleet's members) is a ``Standby``:
+warmed after discovery, cooled at shutdown.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from .plugins import Plugins
 from .runnables import Runnables, Stores
 from .settings import Settings
 from .wiring import build_workload, local_factory, sharding_refusal, term_stop_timeout
-from .workload import WARM_STANDBY, Lifetime, Process, Stuck, StuckKind
+from .workload import WARM_STANDBY, Lifetime, Process, Standby, Stuck, StuckKind
 
 if TYPE_CHECKING:
     # Imported where their mode starts (election on, webhooks declared, the server started): a process that
@@ -198,6 +199,8 @@ class Syncer:
                 await _until(stop, self._discover())
                 if self.ready and self.workload.lifetime is Lifetime.PROCESS:
                     await self.workload.start(OPEN)  # each of its units has a fence of its own
+                if self.ready and isinstance(self.workload, Standby):
+                    await _until(stop, self.workload.warm())
                 if self.ready:
                     await self._lead_while(stop)
         finally:
@@ -343,6 +346,8 @@ class Syncer:
             await self.leadership.release()
         if self.webhooks is not None:
             await self.webhooks.stop()
+        if not self._stuck and isinstance(self.workload, Standby):
+            await self.workload.cool()
         await self.factory.shutdown()
         await self.client.close()
         self._log.info("stopped")

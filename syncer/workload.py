@@ -7,14 +7,15 @@ settings: the controllers of one cluster (``workloads/single.py``), a fleet of m
 controller-runtime's manager starts its runnables by group (those needing leader election, the others), a
 workload says when it runs (``Lifetime``): for each leadership term, under that term's fence, or for the whole
 process, from discovery on, on every replica. A per-term workload also says which of the local cluster's GVRs a
-standby keeps watched (``standby_gvrs``, the warm standby of ``runtime.py``).
+standby keeps watched (``standby_gvrs``, the warm standby of ``runtime.py``), and may keep a part running between
+terms (``Standby``).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, runtime_checkable
 
 from controllers import Fence
 from controllers.health import HealthItem
@@ -97,9 +98,20 @@ class Workload(Protocol):
     def health(self) -> list[HealthItem]: ...
 
 
+@runtime_checkable
+class Standby(Protocol):
+    """A per-term workload with a part that outlives its terms (the fleet's registry of members, with warm standby):
+    ``warm()`` once discovery is done, on every replica, leader or not; ``cool()`` at shutdown, once no term runs."""
+
+    async def warm(self) -> None: ...
+
+    async def cool(self) -> None: ...
+
+
 class RegistryMaker(Protocol):
     """Builds the registry of member clusters over the process's parts (``wiring.py``): ``required`` GVRs in every
-    member, all engaged under the term's ``fence``, or as ``coordinator`` engages them (sharded)."""
+    member, all engaged under ``fence`` (``CLOSED`` for a fleet, whose terms write through a ``ClusterTerm``), or as
+    ``coordinator`` engages them (sharded)."""
 
     def __call__(self, required: set[GVR], *, fence: Fence = ...,
                  coordinator: Coordinator | None = None) -> ClusterRegistry: ...

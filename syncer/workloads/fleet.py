@@ -1,11 +1,14 @@
-"""Fleet: with ``[clusters] enabled``, a leadership term runs a ``ClusterRegistry`` of the member clusters (from the
-cluster providers), a ControllerManager per member for the plugins' controllers (``ClusterControllers``), and
+"""Fleet: with ``[clusters] enabled``, a ``ClusterRegistry`` of the member clusters (from the cluster providers),
+and for each leadership term a ControllerManager per member for the plugins' controllers (``ClusterControllers``),
 the plugins' fleet controllers and components over all members (``controllers/cluster_registry.py``,
 ``controllers/fleet.py``).
 
-They live for the term only: standbys watch no member cluster, so a new leader connects to every member before
-its controllers start there. Only the local cluster, when it is a member, is warm on a standby: its informers are
-the sidecar's own, kept synced by the warm standby of ``runtime.py``.
+The term's work reaches the members through the term's view of the registry (``ClusterTerm``): under the term's
+fence, ended with the term. The registry itself lives for the term too, unless the standby is warm
+(``warm_standby`` with leader election): then it runs from discovery to shutdown on every replica (``warm()``,
+``cool()``), so a standby keeps every member connected, discovered and the informers the controllers require
+synced, and a new leader's controllers start on those caches; a term then starts and stops only its controllers.
+The registry engages its members under ``CLOSED``: nothing writes to a member but through a term's view.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from controllers import Fence
 from controllers.cluster import qualified
 from controllers.cluster_controllers import ClusterControllers
 from controllers.cluster_registry import ClusterRegistry
-from controllers.fence import fenced
+from controllers.cluster_term import ClusterTerm
+from controllers.fence import CLOSED, fenced
 from controllers.fleet import FleetComponent, FleetLoop, FleetScope
 from controllers.health import HealthItem
 from informers import GVR, TaskHandle
@@ -35,8 +39,9 @@ class ReportsStatus(Protocol):
 
 
 class Fleet:
-    """A ``Workload`` for each term: the registry from ``make_registry``, the plugins' controllers in every member,
-    their fleet controllers and components; everything of a term stops within ``stop_timeout``."""
+    """A ``Workload`` for each term: the plugins' controllers in every member, their fleet controllers and
+    components, over the registry from ``make_registry`` (this term's, or the process's with warm standby);
+    everything of a term stops within ``stop_timeout``."""
 
     lifetime = Lifetime.TERM
 
@@ -45,8 +50,11 @@ class Fleet:
         self.plugins = plugins
         self.stop_timeout = stop_timeout
         self._make_registry = make_registry
+        s = process.settings
+        self.warm_members = s.warm_standby and s.leader_election.enabled  # the registry outlives the terms
+        self.registry: ClusterRegistry | None = None  # the process's (warm) or this term's
         # This term's (None, empty: between terms).
-        self.registry: ClusterRegistry | None = None
+        self.term: ClusterTerm | None = None
         self.per_cluster: ClusterControllers | None = None
         self.loops: list[FleetLoop] = []
 
@@ -57,34 +65,57 @@ class Fleet:
             {spec.gvr for spec in plugins.fleet.values()}
 
     def standby_gvrs(self) -> set[GVR]:
-        """The members' GVRs in the local cluster when it is a member (``include_local``); other members are not
-        connected before the term, so only the local one can be warm."""
+        """The members' GVRs in the local cluster when it is a member (``include_local``), declared before
+        discovery so that its first pass starts them; the other members are the registry's (``warm()``)."""
         return self._required() if self.process.settings.clusters.include_local else set()
 
+    async def warm(self) -> None:
+        """With warm standby: build and start the registry, for the process's life (nothing otherwise)."""
+        if self.warm_members and self.registry is None:
+            self.registry = self._make_registry(self._required(), fence=CLOSED)
+            await self.registry.start()
+
+    async def cool(self) -> None:
+        """Stop the registry ``warm()`` started, once no term runs."""
+        registry, self.registry = self.registry, None
+        if registry is not None:
+            await registry.stop()
+
     async def start(self, fence: Fence) -> None:
-        """Build this term's registry, register the per-cluster controllers and the fleet loops with it, spawn
-        the fleet controllers and components, then connect to the members."""
+        """Register the per-cluster controllers and the fleet loops with this term's view of the registry, spawn
+        the fleet controllers and components, then join the registry (built and started now, without warm
+        standby): they start in every member engaged, at once where the standby kept it warm."""
         p, plugins = self.process, self.plugins
-        registry = self.registry = self._make_registry(self._required(), fence=fence)
+        if not self.warm_members:
+            self.registry = self._make_registry(self._required(), fence=CLOSED)
+        registry = self.registry
+        assert registry is not None, "warm() first"
+        term = self.term = ClusterTerm(registry, fence)
         self.per_cluster = ClusterControllers(plugins.controllers, name=p.identity, fence=fence,
                                               **p.manager_options(self.stop_timeout))
-        await registry.register_cluster_handler(self.per_cluster)
-        self.loops = [FleetLoop(name, spec, registry.clients, management=p.client, fence=fence,
+        await term.register_cluster_handler(self.per_cluster)
+        self.loops = [FleetLoop(name, spec, term.clients, management=p.client, fence=fence,
                                 priority_queue=p.settings.priority_queue)
                       for name, spec in sorted(plugins.fleet.items())]
         for loop in self.loops:
-            await registry.register_cluster_handler(loop)
+            await term.register_cluster_handler(loop)
             p.supervisor.spawn(f"fleet controller {loop.name}", _runner(loop.run))
-        scope = FleetScope(registry, fenced(p.client, fence), p.factory, fence)
+        scope = FleetScope(term, fenced(p.client, fence), p.factory, fence)
         for component in plugins.components:
             p.supervisor.spawn(f"fleet component {component.name}", _runner(partial(component.run, scope)))
-        await registry.start()
+        await term.start()
+        if not self.warm_members:
+            await registry.start()
 
     async def stop(self) -> list[Stuck]:
-        """Stop the fleet controllers and every cluster's controllers, then the registry; what did not stop."""
+        """Stop the fleet controllers and every cluster's controllers, then end the term's view of the members
+        (and stop the registry, if it is the term's); what did not stop."""
         loops, self.loops = self.loops, []
-        registry, self.registry = self.registry, None
+        term, self.term = self.term, None
         per_cluster, self.per_cluster = self.per_cluster, None
+        registry = None
+        if not self.warm_members:
+            registry, self.registry = self.registry, None
         stuck: list[Stuck] = []
         if per_cluster is not None:
             # Together, within one bound: the fleet loops and every cluster's controllers share the lease margin.
@@ -94,16 +125,20 @@ class Fleet:
                 asyncio.gather(*(self.process.supervisor.cancel(str(task), self.stop_timeout) for task in tasks)),
                 per_cluster.stop())
             stuck = [task for task, done in zip(tasks, ended) if not done] + stuck_controllers(names)
-        if registry is not None and not stuck:
-            await registry.stop()
+        if not stuck:
+            if term is not None:
+                await term.stop()
+            if registry is not None:
+                await registry.stop()
             if per_cluster is not None:  # what the members' cleanups stopped meanwhile, and did not stop
                 stuck = stuck_controllers(await per_cluster.stop())
         return stuck
 
     def status(self) -> WorkloadStatus:
-        """Every member's controllers, and the members with their conditions, conflicts and the fleet controllers."""
-        return WorkloadStatus(cluster_rows(self.per_cluster),
-                              clusters_doc(self.registry, self.loops, self.plugins.components))
+        """Every member's controllers, and the members with their conditions, conflicts and the fleet controllers
+        (the members on a warm standby too)."""
+        return WorkloadStatus(cluster_rows(self.per_cluster), clusters_doc(
+            self.registry, self.loops, self.plugins.components if self.term is not None else ()))
 
     def health(self) -> list[HealthItem]:
         """The members' controllers (a member down is not unhealthy here, see ``ClusterControllers.health``)."""

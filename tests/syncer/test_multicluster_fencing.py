@@ -1,5 +1,6 @@
 """Multi-cluster mode keeps the leadership fence: a paused leader never writes into a member cluster next to its
-successor, and a standby does not connect to the member clusters at all (real apiservers, `syncer run` processes).
+successor, whether the standbys keep the members warm (connected, their informers synced: ``warm_standby``, the
+default) or do not connect to them at all (real apiservers, `syncer run` processes).
 
 The management plane is the session's (the kubeconfig Secret and the lease are in a fresh namespace of it); the
 member is a private workload plane, where ``tests/plugins/fence_writer.py`` keeps stamping one ConfigMap.
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import kubernetes
+import pytest
 
 from syncer.testing import ControlPlane
 from syncer.testing.pytest_plugin import kube_client
@@ -28,10 +30,10 @@ MEMBER = "w1"
 LEASE_NAME = "kube-syncer-fence"
 
 
-def settings(namespace: str, identity: str) -> str:
+def settings(namespace: str, identity: str, warm: bool) -> str:
     """The sidecar's extra settings: the fencing test's short lease (in ``namespace``), multi-cluster mode with the
-    Secrets of ``namespace``, and the writer's identity."""
-    return ('[leader_election]\nenabled = true\n'
+    Secrets of ``namespace``, the writer's identity, and whether the standby is ``warm``."""
+    return (f'warm_standby = {str(warm).lower()}\n[leader_election]\nenabled = true\n'
             f'lease_namespace = "{namespace}"\nlease_name = "{LEASE_NAME}"\n'
             'lease_duration = "6s"\nrenew_deadline = "4s"\nretry_period = "0.5s"\n'
             f'[clusters]\nenabled = true\nnamespaces = ["{namespace}"]\nsync_timeout = "20s"\n'
@@ -55,9 +57,16 @@ def cluster_watches(cp: ControlPlane) -> int:
         f'{k}="{v}"' in line for k, v in (("resource", "configmaps"), ("scope", "cluster"), ("verb", "WATCH"))))
 
 
+def synced(status: dict[str, Any]) -> bool:
+    """Whether the one member of a ``/status`` document has its informers synced (its Synced condition)."""
+    rows = (status.get("clusters") or {}).get("clusters") or []
+    return len(rows) == 1 and any(c["type"] == "Synced" and c["status"] == "True" for c in rows[0]["conditions"])
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_resumed_leader_writes_nothing_in_the_member_after_the_standby_took_over(
         control_plane: ControlPlane, control_plane_factory: Callable[[], ControlPlane], namespace: str,
-        sidecars: Callable[..., Sidecar]) -> None:
+        sidecars: Callable[..., Sidecar], warm: bool) -> None:
     workload = control_plane_factory()
     with kube_client(workload) as k:
         kubernetes.client.CoreV1Api(k).create_namespaced_config_map(
@@ -67,7 +76,7 @@ def test_resumed_leader_writes_nothing_in_the_member_after_the_standby_took_over
             "metadata": {"name": MEMBER, "labels": {"kube-syncer.io/kubeconfig": "true"}},
             "data": {"kubeconfig": base64.b64encode(kubeconfig(workload)).decode()}})
     plugin = (str(PLUGINS / "fence_writer.py"),)
-    sc = {n: sidecars(str(control_plane.kubeconfig), n, settings(namespace, n), plugins=plugin) for n in ("a", "b")}
+    sc = {n: sidecars(str(control_plane.kubeconfig), n, settings(namespace, n, warm), plugins=plugin) for n in ("a", "b")}
     writes = Writes(workload, "fenced")  # the member's ConfigMap: every write there, by writer, in order
     try:
         sc["a"].wait(lambda: bool(writes.writers), "the leader writing into the member", timeout=60)
@@ -76,9 +85,12 @@ def test_resumed_leader_writes_nothing_in_the_member_after_the_standby_took_over
         leader, standby = sc[first], sc[other]
         assert members(leader.status()) == [MEMBER], leader.status().get("clusters")
 
-        # The standby, ready and waiting for the lease, does not connect to the member: sampled on every poll
-        # while the leader goes on writing there, from its /status and from the member's apiserver (the leader's
-        # informer is the one watch; its watches last minutes, so none is being replaced meanwhile).
+        # The standby, ready and waiting for the lease: warm, it has the member connected and its informer synced
+        # (one more watch there), cold it does not connect to it; it writes nothing either way. Sampled on every
+        # poll while the leader goes on writing there, from its /status and from the member's apiserver (its
+        # watches last minutes, so none is being replaced meanwhile).
+        if warm:
+            standby.wait(lambda: synced(standby.status()), "the standby's member synced", timeout=30)
         seen: list[Any] = []
         watches: list[int] = []
 
@@ -90,10 +102,12 @@ def test_resumed_leader_writes_nothing_in_the_member_after_the_standby_took_over
             return len(seen) >= 5 and len(writes.writers) > 20
 
         standby.wait(standby_idle_and_leader_writing, "the standby ready while the leader writes", timeout=30)
-        assert all(s == [] for s in seen), f"the standby showed member clusters: {seen}"
-        assert set(watches) == {1}, f"ConfigMap watches in the member while one replica leads: {watches}"
+        replicas = 2 if warm else 1
+        assert all(s == ([MEMBER] if warm else []) for s in seen), f"the standby's member clusters: {seen}"
+        assert set(watches) == {replicas}, f"ConfigMap watches in the member while one replica leads: {watches}"
         assert set(writes.writers) == {first}, f"someone but the leader wrote into the member: {writes.writers}"
-        assert "became leader" not in standby.log and f"cluster {MEMBER}" not in standby.log, standby.log[-3000:]
+        assert "became leader" not in standby.log, standby.log[-3000:]
+        assert (f"cluster {MEMBER} is up" in standby.log) is warm, standby.log[-3000:]
 
         leader.proc.send_signal(signal.SIGSTOP)
         # the standby takes the lease once it has not seen it renewed for lease_duration, connects to the member,
@@ -106,10 +120,11 @@ def test_resumed_leader_writes_nothing_in_the_member_after_the_standby_took_over
         time.sleep(1.0)  # the paused leader stays paused well past its term, with work queued and timers due
         leader.proc.send_signal(signal.SIGCONT)
         leader.wait(lambda: "lost leadership" in leader.log, "the resumed replica noticing", timeout=15)
-        # standing by, it lets go of the member too (its watch there, open while it was paused, ends)
-        leader.wait(lambda: leader.status().get("leader") is False and members(leader.status()) == [],
-                    "the resumed replica standing by, without members", timeout=15)
-        leader.wait(lambda: cluster_watches(workload) == 1, "the member serving the new leader's watch only",
+        # standing by: warm, it keeps the member (and its watch); cold, it lets go of it (its watch there, open
+        # while it was paused, ends)
+        leader.wait(lambda: leader.status().get("leader") is False and members(leader.status()) == (
+            [MEMBER] if warm else []), "the resumed replica standing by", timeout=15)
+        leader.wait(lambda: cluster_watches(workload) == replicas, "the member serving the standby's watches",
                     timeout=15)
         # give any write it would still send time to show up
         standby.wait(lambda: len(writes.after_first(other)) > 30, "more writes by the new leader", timeout=20)

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping
 
 from controllers.cluster import display_name
 from controllers.cluster_registry import ClusterRegistry
+from controllers.cluster_term import ClusterTerm
 from informers import GVR, ClusterSource
 
 
@@ -54,7 +55,7 @@ class SourceClusters:
     """The source clusters of the fleet (``registry``'s members, only those named in ``only`` if it is not empty)
     and their standing with a GVR."""
 
-    def __init__(self, registry: ClusterRegistry, only: tuple[str, ...] = ()) -> None:
+    def __init__(self, registry: ClusterRegistry | ClusterTerm, only: tuple[str, ...] = ()) -> None:
         self.registry, self.only = registry, only
 
     def names(self) -> set[str] | None:
@@ -111,7 +112,7 @@ def served(factory: ClusterSource, gvr: GVR) -> bool:
     return crds is None or not triggers.was_crd(gvr) or (gvr.group, gvr.resource) in crds
 
 
-def _connected(registry: ClusterRegistry) -> dict[str, tuple[bool, str]]:
+def _connected(registry: ClusterRegistry | ClusterTerm) -> dict[str, tuple[bool, str]]:
     """cluster -> (whether it is engaged and its Connected condition is not False, and if not why)."""
     engaged = set(registry.list_clusters())
     out: dict[str, tuple[bool, str]] = {}
