@@ -257,7 +257,7 @@ class ControllerManager:
         return {name: r.status for name, r in self._runners.items()}
 
     def health(self) -> list[HealthItem]:
-        """One item per controller (seed 001's HealthStatus)."""
+        """One item per controller."""
         out = []
         for r in self._runners.values():
             st = r.status
