@@ -1,15 +1,13 @@
 """Reflector: keeps a sink in step with the server by list + watch, with client-go's recovery rules.
 
-First sync by watch-list (``sendInitialEvents``), given up for a GVR only when the server proves it lacks it, else
-a paged LIST at ``"0"``; then WATCH from the last RV with bookmarks. Differs from client-go:
+First sync by watch-list (``sendInitialEvents``), dropped for a GVR only when the server proves it lacks it, else a
+paged LIST at ``"0"``; then WATCH from the last RV with bookmarks. Differs from client-go:
 
-- A relist at the last synced RV is read *not older than* (no ``limit``, or paged with
-  ``resourceVersionMatch=NotOlderThan``), never *exact*: after an apiserver restart an exact relist would loop on
-  410. It falls back to ``""`` only when that relist itself answers 410.
-- Outage recovery: a reflector backing off after a connection error retries once another request of its ApiClient,
-  sent after the failure, succeeds (at most once per outage, spread by ``_RESUME_SPREAD``); one waiter per client
-  probes ``/readyz`` about every second; API errors until the next success back off from ``_RESUME_INITIAL``.
-  So an informer relists once per outage, seconds after the server answers (client-go: up to a minute).
+- A relist at the last synced RV reads *not older than* (no ``limit``, or paged with ``NotOlderThan``), never
+  *exact*, which loops on 410 after an apiserver restart; ``""`` only when that relist itself answers 410.
+- Outage recovery: a reflector backing off retries once a later request of its ApiClient succeeds (once per
+  outage, spread by ``_RESUME_SPREAD``); one waiter per client probes ``/readyz`` each second; API errors until the
+  next success back off from ``_RESUME_INITIAL``. One relist per outage, seconds after (client-go: up to a minute).
 - Nothing but cancellation ends ``run``: a listener, the sink or the error handling raising is logged.
 - A ``MetadataGVR`` asks for ``PartialObjectMetadata``; whole objects from a server that cannot are cut down here.
 
