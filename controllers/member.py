@@ -1,7 +1,13 @@
 """Member: one registration of a cluster (a provider's config, by digest) and its life, as explicit transitions.
 
-CONNECTING -> DISCOVERING -> SYNCING -> READY -> SUPERSEDED -> STOPPING -> STOPPED, with RETRYING (backoff) from
-the first three and REFUSED for a refused kubeconfig (until its config changes).
+::
+
+    CONNECTING -> DISCOVERING -> SYNCING -> READY -> SUPERSEDED -> STOPPING -> STOPPED
+        ^   |          |            |        |                      ^
+        |   +----------+------------+--> RETRYING (backoff) --+     |
+        +-----------------------------------------------------+     |
+    CONNECTING -> REFUSED (a kubeconfig refused: until its config changes)    any state --+
+
 One task per member brings it up and retries it, so no member blocks another (skv2 and multicluster-runtime do this
 in the watcher's worker); one not synced within ``sync_timeout`` is engaged anyway, its conditions saying what is
 missing. Once engaged, Connected/Discovered/Synced follow its informers (``ready`` while all hold, else

@@ -1,13 +1,14 @@
-"""UnionController: keeps a UnionInformer in step with records, the objects of any informer.
+"""UnionController: keeps a UnionInformer in step with records, the objects of any informer (ARO-HCP's
+``UnionKubeApplierInformersController``).
 
 A record stands for one sub of the union, keyed ``key(record)``; ``factory(record)`` builds an unstarted informer
 for it, or None for "not yet". Each key is looked up in the records' cache, never in an event's payload (a stale
 payload could revive a record). Present with no sub, or a sub of another ``identity(record)``: a new sub joins and
 starts, the one it replaces leaves first (the two never both deliver) and is stopped. Absent: the sub leaves and is
-stopped. None or an exception from the factory is retried with backoff while an older sub keeps serving.
-On exit every sub leaves the union and every sub made here is stopped; ``ready()`` is the strict readiness gate.
-A sub is owned from the moment the factory returns it, so no failure leaves one running. Two records with one key:
-the oldest holds it.
+stopped. A sub is owned from the moment the factory returns it; two records with one key: the oldest holds it.
+``ready()`` is the strict readiness gate. Differs from ARO-HCP: None or a failing factory is retried with backoff
+(it waits for the next event) while an older sub keeps serving; a changed identity gets a new sub (it keeps the
+first forever); on exit subs also leave the union (it leaves stopped ones in, still read by its lister).
 """
 
 from __future__ import annotations

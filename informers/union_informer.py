@@ -6,7 +6,7 @@ parameter (or ``**kwargs``) gets ``cluster=<name>``; any other gets exactly what
 Differs from ARO-HCP's union informers:
 
 - Replacing a sub whose handler install fails rolls the new sub back and keeps the old one wired
-  (``HandlerInstallError``); on success the old sub's handler tasks stop before the new sub's run.
+  (``HandlerInstallError``); on success the old sub's handlers stop as the new sub's start: never interleaved.
 - No lock: each mutation is one synchronous step on the event loop, so reads never wait. Loop thread only.
 - An empty name, a None sub or one without a lister raises: a cluster must not silently fail to join.
 - ``cluster_ready(name)`` tells one cluster's live state; ``has_synced()`` stays true once all synced, as client-go.

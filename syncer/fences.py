@@ -1,5 +1,6 @@
-"""The fences of Lease holders: ``RenewFence``, ``TermFence`` (a leadership term), ``BucketTenure`` (a shard
-bucket's tenure) and ``UnitFence`` (a unit's view of it), all checked locally (``controllers/fence.py``).
+"""The fences of Lease holders: ``RenewFence`` (a renewal deadline), ``TermFence`` (a leadership term),
+``BucketTenure`` (a shard bucket's tenure) and ``UnitFence`` (a unit's view of it), all checked locally
+(``controllers/fence.py``).
 
 Work gets the fence of the tenure it was started under, and nothing else. A tenure begins when a Lease is taken and
 lasts while each renewal succeeds within ``renew_deadline`` of when the previous successful one was sent; once

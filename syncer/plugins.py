@@ -3,7 +3,8 @@
 A plugin is a dotted module path, a ``.py`` file, or an entry point in group ``syncer.controllers``, defining any of
 the hooks ``syncer_controllers`` (each member cluster), ``syncer_fleet_controllers`` (once, over all clusters),
 ``syncer_fleet_components``, ``syncer_webhooks``, ``syncer_conversions``, ``syncer_stores`` and
-``syncer_runnables``, each called with the plugin's table ``[plugin_settings.<short name>]``.
+``syncer_runnables``, each called with the plugin's table ``[plugin_settings.<short name>]``. Installed
+entry-point plugins are loaded unless the ``entry_point_plugins`` setting says otherwise.
 """
 
 from __future__ import annotations

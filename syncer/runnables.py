@@ -1,10 +1,11 @@
 """Stores and runnables that plugins contribute next to their controllers, and the leader's lifecycle of them.
 
 A store (``name``, ``recover()``) holds state controllers need before their first reconcile; a runnable (``name``,
-``run()``, ``shutdown()``) is other long-lived leader work; either may report ``health()``. Each term: stores
-recovered, then runnables and controllers started; stop is concurrent. A failing ``recover()`` is retried with
-backoff and reported (controllers wait for it); a failing ``run()`` is restarted alone; ``stop()`` bounds every
-``shutdown()`` by one deadline, then cancels and names any that ignore it. The same objects serve every term.
+``run()``, ``shutdown()``) is other long-lived leader work; either may report ``health()``. Each term, in furiko's
+order: stores recovered, then runnables and controllers started; stop is concurrent. Unlike furiko, a failing
+``recover()`` is retried with backoff and reported (controllers wait for it), a failing ``run()`` is restarted
+alone, and ``stop()`` bounds every ``shutdown()`` by one deadline, then cancels and names any that ignore it.
+The same objects serve every term.
 """
 
 from __future__ import annotations
