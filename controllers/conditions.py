@@ -1,19 +1,10 @@
 """Status conditions: set, find and remove a condition in an object's ``status.conditions``, as apimachinery's
-``meta.SetStatusCondition`` / ``FindStatusCondition`` / ``RemoveStatusCondition`` do.
+``meta.SetStatusCondition``/``FindStatusCondition``/``RemoveStatusCondition`` do.
 
-Pure functions on plain dicts (the objects the listers and clients hand out). ``set_status_condition`` changes
-``lastTransitionTime`` only when the condition's ``status`` changes (a new reason or message is no transition),
-so that ``kubectl wait`` and anyone reading the time see when the condition last *became* what it is; rewriting
-the time on every reconcile, as code building the list afresh does, makes every reconcile look like a change.
-``observedGeneration`` is the object's ``metadata.generation`` unless given: the generation the condition speaks
-of, which tells a stale condition from a current one.
-
-What differs from apimachinery, and why: the object is passed, not the list, so that the generation can be
-read from it and a missing ``status`` or ``conditions`` is created; the time is given as a ``datetime`` (now by
-default) and written in RFC 3339 to the second, as the API server's ``metav1.Time`` serialises it; a condition
-without ``type``, ``status`` or ``reason``, or a status other than ``True``, ``False`` or ``Unknown``, is a
-``ValueError`` here rather than the API server's rejection of the whole status write later (the schema of
-``metav1.Condition`` requires a reason in CamelCase).
+``lastTransitionTime`` changes only when ``status`` does; ``observedGeneration`` defaults to the object's
+generation. Differs from apimachinery: the object is passed (for its generation, and to create missing lists), the
+time is a ``datetime`` written to the second, and an invalid condition raises ``ValueError`` here rather than the
+server refusing the whole status write.
 """
 
 from __future__ import annotations

@@ -54,18 +54,12 @@ class ReconcileStats:
 
 
 class ControllerContext:
-    """The synced informers of a controller's required GVRs, plus handler registration that is undone when the
-    controller stops (so a stopped controller never leaves handlers on informers that survive it).
+    """The synced informers of a controller's required GVRs, and handler registration undone when the controller stops.
 
-    ``client`` is the API client (to write objects), ``workers``, ``resync_period`` and ``priority_queue`` (whether
-    work queues serve live changes before initial lists and resyncs) the process defaults.
-    ``fence`` is the term the controller runs in: workers check it before each item, and ``client`` refuses
-    writes (``FenceError``) once it no longer holds. ``reconcile_stats`` is where the controller reports its
-    reconciles; the manager passes one per managed controller, shared by its successive instances. ``cluster`` is
-    the member cluster the controller runs in (multi-cluster mode; None otherwise), also bound to ``log``. Without a
-    ``source``, only ``informers`` can be looked up (a Controller run without a manager makes such a context).
-    ``read_your_writes``: how long at most a reconcile waits for its request's earlier writes to show in the caches
-    (0: it does not; the Controller helper installs the barrier, ``read_your_writes.py``, with ``observe_writes``).
+    ``client`` writes (refused with ``FenceError`` once ``fence``, the controller's term, no longer holds);
+    ``reconcile_stats`` is shared by a managed controller's instances; ``cluster`` is the member (None in single-cluster
+    mode); ``read_your_writes`` bounds the wait for a request's earlier writes (0: none). Without a ``source`` only
+    ``informers`` can be looked up.
     """
 
     def __init__(self, name: str, informers: dict[GVR, SharedIndexInformer], source: InformerSource | None = None,

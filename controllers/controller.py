@@ -1,42 +1,15 @@
 """Controller: informer events -> requests -> a work queue -> N workers calling ``reconcile(request, rc)``.
 
-The common case in a few lines::
+controller-runtime's builder (``for_``/``owns``/``watches`` with predicates) and kopf's finalizer handling. Differs:
 
-    async def reconcile(req: Request, rc: ReconcileContext) -> Result | None:
-        widget = rc.lister().get(req.name, req.namespace)  # None once it is gone
-        ...
-
-    def create(ctx):
-        return (Controller("widgets", reconcile, workers=ctx.workers, finalizer=FINALIZER, finalize=cleanup)
-                .for_(WIDGETS, predicates=[generation_changed])
-                .owns(CONFIGMAPS)
-                .run)
-
-    ManagedController([WIDGETS, CONFIGMAPS], create)
-
-controller-runtime's builder (``For``/``Owns``/``Watches`` with predicates) and kopf's finalizer handling, with
-these differences, and why:
-
-- ``reconcile`` takes the request alone or the request and a ``ReconcileContext``; which one is read from its
-  signature when the Controller is built, as is whether it is a coroutine function (a blocking reconcile would
-  stall every controller in the process).
-- ``owns`` needs the kind of the primary resource to match owner references; it is looked up when the controller
-  starts (discovery, through the context's RESTMapper; without an API client, a cached object), because a map
-  function runs synchronously in the informer's handler and cannot ask.
-- The finalizer is handled around ``reconcile`` (controller-runtime leaves it to the reconciler; kopf does it
-  too): it is added before an object's reconcile; an object being deleted gets ``finalize`` instead, and the
-  finalizer is removed when ``finalize`` returns. ``finalize`` sees the object as re-read from the server, and
-  only while it still carries the finalizer: the cache may still show a finalizer just removed, and one deletion
-  must not be finalized twice. A failing ``finalize`` is retried like a failing reconcile; the object stays.
-- Each worker checks the context's fence locally before every item (see ``fence.py``).
-- Each request's handling is a span of the tracing installed when the controller starts (``tracing.py``), with
-  the API requests it makes as children; controller-runtime has no tracing.
-- A request's reconcile starts once the writes its earlier reconciles made show in the caches, waiting at most the
-  context's ``read_your_writes`` (``read_your_writes.py``; controller-runtime waits inside its cached client's reads).
-- ``metadata_only=True`` (controller-runtime's ``OnlyMetadata``) takes a source's events from the metadata-only
-  cache of its GVR (``gvr.only_metadata()``, which the ManagedController must require in place of the GVR):
-  ``PartialObjectMetadata`` objects, enough for owner references, labels and finalizers at a fraction of the
-  memory. For the primary resource ``rc.lister()`` reads that cache too; ``rc.client`` writes whole objects.
+- ``reconcile(req)`` or ``reconcile(req, rc)`` is told from its signature at build time; it must be a coroutine.
+- ``owns`` resolves the primary kind when the controller starts: a map function runs synchronously and cannot ask.
+- The finalizer is handled around ``reconcile`` (controller-runtime leaves it to the reconciler): added before a
+  reconcile; a deleted object gets ``finalize`` instead, on the object re-read from the server and only while it
+  still carries the finalizer, so one deletion is never finalized twice.
+- Each worker checks the context's fence before every item; each request is a tracing span.
+- A reconcile waits (bounded) for its request's earlier writes to show in the caches (``read_your_writes.py``).
+- ``metadata_only=True`` (``OnlyMetadata``) takes a source's events from the metadata-only cache of its GVR.
 """
 
 from __future__ import annotations
@@ -188,29 +161,13 @@ async def _kind_of(ctx: ControllerContext, gvr: GVR) -> tuple[str, bool]:
 class Controller:
     """Runs ``reconcile`` for the requests of its sources, with retries, requeues, a finalizer and metrics.
 
-    Sources are declared with ``for_`` (the primary resource: each object is a request), ``owns`` (objects
-    controlled by a primary object: the owner is the request) and ``watches`` (any mapping). ``reconcile`` is
-    ``async def reconcile(req)`` or ``async def reconcile(req, rc)`` (``rc``: a ``ReconcileContext``) and returns
-    None or a ``Result``, or raises.
-
-    As in controller-runtime and kopf, a reconcile that raises is retried with the queue's rate limiter
-    (client-go's default limiter unless given: 5 ms doubling up to 1000 s) for as long as it fails; dropping it
-    after N failures, as client-go's examples do, would leave the object unreconciled until it next changes.
-    ``max_retries`` bounds the retries if wanted; a reconcile raising ``TerminalError`` is not retried (logged
-    once, forgotten). Workers start only once every source has delivered its initial list to this controller.
-
-    With ``finalizer`` (a name such as ``example.com/cleanup``) and ``finalize`` (``async def finalize(req, rc,
-    obj)``), objects of the primary resource get the finalizer before they are reconciled, and ``finalize``
-    instead of ``reconcile`` once they are being deleted; an object being deleted without the finalizer is left
-    alone. ``finalize`` should be idempotent: if removing the finalizer fails, it runs again.
-
-    The work queue serves live changes before the objects of initial lists and resyncs (controller-runtime's
-    priority queue, ``priority.py``); ``priority_queue=False`` makes it client-go's FIFO queue, and None (the
-    default) takes the context's ``priority_queue`` (the ``priority_queue`` setting).
-
-    Successes and failures are counted in the context's ``reconcile_stats`` (``stats`` when run without one) and
-    in the ``controller_runtime_*`` metrics of ``metrics_registry`` (see ``metrics.py``). The controller's name
-    names its work queue, its metrics, its field manager and the ``reportingController`` of its Events.
+    Sources: ``for_`` (each primary object is a request), ``owns`` (the owner is the request), ``watches`` (any
+    mapping). ``reconcile`` returns None or a ``Result``, or raises: then it is retried with the queue's rate limiter
+    for as long as it fails (bounded by ``max_retries`` if given); ``TerminalError`` is not retried. Workers start once
+    every source has delivered its initial list. With ``finalizer`` and ``finalize(req, rc, obj)``, primary objects get
+    the finalizer before reconciling and ``finalize`` once being deleted; ``finalize`` must be idempotent.
+    ``priority_queue`` (None: the context's) serves live changes before initial lists and resyncs. The name names the
+    work queue, the ``controller_runtime_*`` metrics, the field manager and the Events' ``reportingController``.
     """
 
     def __init__(

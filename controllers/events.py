@@ -1,23 +1,12 @@
 """EventRecorder: Kubernetes Events about objects, aggregated and rate-limited, written off the caller's path.
 
-What client-go's event recorder and broadcaster do (controller-runtime's ``record.EventRecorder``, kopf's
-``kopf.info``), with these differences, and why:
+Differs from client-go's recorder (controller-runtime's ``record.EventRecorder``, kopf's ``kopf.info``):
 
-- ``events.k8s.io/v1`` Events, falling back to ``core/v1`` ones only on a server that does not serve the newer
-  group (checked once, on the first write).
-- An occurrence of the same (object, type, reason, action, note) within 10 minutes of the last one adds to that
-  Event's ``series`` instead of creating another Event. client-go leaves the note out of that key, and writes a
-  series' count when it begins and then every 30 minutes; here a different note is a different Event (it says
-  something else), and a series' count is written at most every ``series_interval`` seconds (10) and once more
-  on ``close()``, so a burst costs the Event's creation and an update, and the count on the server lags by
-  seconds rather than half an hour.
-- client-go's spam filter (a token bucket per object: 25 writes, then one every 5 minutes) limits the writes,
-  not the counting: a new Event refused by it is dropped (a later occurrence with a token to spare creates it
-  with the full count), and a series update refused by it is made when the bucket has a token again. A global
-  bucket paces all writes (client-go relies on its REST client's rate limit for that).
-- ``event()`` never blocks and never raises: it records in memory and queues the write on a bounded queue, which
-  one worker task owned by the recorder drains; failures are logged. ``await close()`` (or ``async with``)
-  writes the pending series counts and lets the queue drain for a while, then cancels the worker.
+- ``events.k8s.io/v1`` Events, ``core/v1`` only where the newer group is not served.
+- Repeats of (object, type, reason, action, note) within 10 minutes add to the Event's ``series``; the note is part
+  of the key (client-go leaves it out), and the count is written every ``series_interval`` s, not 30 minutes.
+- client-go's per-object spam filter limits writes, not counting; a global bucket paces all writes.
+- ``event()`` never blocks or raises: one owned worker drains a bounded queue; ``close()`` flushes the counts.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """HealthItem: one line of the sidecar's liveness report (``/healthz``), whoever produces it.
 
-seed 001's HealthStatus is a map of name to error; a typed record instead lets every producer (controllers,
-clusters, shard units, stores, runnables, webhooks, background tasks) say the same three things the same way.
+A typed record rather than furiko's map of name to error (``HealthStatus``), so that every producer (controllers,
+clusters, shard units, stores, runnables, webhooks, background tasks) says the same three things the same way.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
-"""KeyedLoop: N workers taking keys off one WorkQueue, handling each, and turning its outcome into the queue's next
-step. The one loop of the Controller (requests of one cluster) and the fleet loop (requests of many), so that
-retries, metrics, the fence and stopping work alike in both.
+"""KeyedLoop: N workers taking keys off one WorkQueue, turning each outcome into the queue's next step; the one loop
+of the Controller and the fleet loop, so retries, metrics, the fence and stopping work alike in both.
 
-controller-runtime's ``reconcileHandler``: success forgets the key; ``Result.requeue_after`` re-adds it after that
-delay; ``Result.requeue`` and any exception re-add it rate-limited (dropped after ``max_retries`` failures when
-that is set); ``TerminalError`` drops it. A re-add keeps the priority the key was taken with, unless the
-``Result`` names another. ``skip(key)`` may name a reason to drop a key unhandled (the fleet loop
-drops requests of a cluster that has left instead of retrying them forever).
-
-The fence is checked before each key, and again by the handler right before user code (it raises ``TermEnded``):
-a key of an ended term is put back as it was, not counted, and the worker takes no other until the loop stops,
-which the end of the term brings.
-
-Stopping shuts the queue down (keys still queued are dropped, not started only to be stopped), lets the workers
-busy with a key finish it for up to ``drain`` seconds, cancels them, and waits up to ``stop_timeout`` (None: as
-long as they take) for them to end. Those that did not are logged and named by ``stop``; the loop still owns
-them, and a later ``stop`` waits for them again. ``drain`` is 0 by default, as a cancelled task group cancels its
-tasks at once: controller-runtime waits for reconciles in progress, but a Controller here usually stops because
-its leadership term ended, and its manager reports one that does not end in time (``stuck``).
-
-A failure is logged with its traceback, unless it is the same (type, message, where it was raised) as the key's
-previous attempt's: then it is one line with the count of such attempts in a row, as controller-runtime's
-rate-limited logging keeps a reconcile that fails on every retry from filling the log with the same traceback.
+Outcomes as controller-runtime's ``reconcileHandler`` (success forgets, ``requeue_after`` delays, ``requeue`` and
+exceptions rate-limit, ``TerminalError`` drops); a re-add keeps the key's priority. A key of an ended fence term is
+put back uncounted, and the worker takes no other. Stopping drops queued keys, lets busy workers finish for up to
+``drain`` (default 0: a stop usually means the leadership term ended), cancels them and reports those that outlive
+``stop_timeout``. A failure identical to the key's previous one logs one line with a count, not the traceback again.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """ControllerManager: starts each managed controller when all its required GVRs are synced, stops it when one
 goes away, and restarts it (fresh ``create``) when they come back.
 
-Unlike kcp's original: a pass runs at startup and on every source notification (including "an informer
-became synced", so no polling). A pass never waits: each controller instance (``create``, then ``start``) runs
-in its own task and a stop is a cancellation, so one slow or hung controller delays no other start or stop;
-an instance that ends wakes the next pass, and a controller is never restarted before its previous instance
-has ended (no overlap). ``create`` is bounded by ``start_timeout``; a failing or hung ``create``, or a
-controller that returns or crashes on its own, is retried with exponential backoff. Handlers a controller
-registered through its context are removed when it ends, however it ends (also when cancelled mid-``create``).
-The source's removal hooks get the controllers reading a GVR stopped before its informer is torn down, and
-the source (which may watch only what is required) is told, under the manager's name, every GVR its
-controllers require, from ``start()`` until ``stop()`` has stopped them: kcp's manager
-needs no such declaration because its source watches everything. A controller that ignores its cancellation
-is reported (``stuck``; ``stop()`` returns its name) rather than forgotten: only the caller can decide that
-the process must end. Its ``controller_manager_*`` series exist from ``start()`` to ``stop()``: label sets kept once
-used would, with a manager per member cluster, leave series of every member that ever joined.
+Unlike kcp's: a pass runs on every source notification (no polling) and never waits: each instance runs in its own
+task, so a slow one delays no other, and none is restarted before its previous instance ended. Failing or hung
+(``start_timeout``) instances are retried with backoff; their handlers are removed however they end. The source's
+removal hooks stop a GVR's controllers before its informer goes, and the source is told every required GVR (kcp's
+source watches everything). One ignoring its cancellation is reported ``stuck`` (``stop()`` returns it), not
+forgotten.
+
+Over 400 lines: one scheduler; each runner's state is read and written by the pass, its task and stop.
 """
 
 from __future__ import annotations
@@ -84,18 +78,11 @@ class ManagedController:
 
 @dataclass
 class ControllerStatus:
-    """One controller's state:
+    """One controller's state: ``waiting`` for its GVRs (``missing``: not served, as ``gvr (reason)``;
+    ``not_synced``), ``starting`` (``create`` running), ``running``, ``stopping``, ``backoff`` (until its retry) or
+    ``stuck`` (did not stop within ``stop_timeout``; not restarted until it ends).
 
-    - ``waiting`` for its GVRs (``missing``: not served, each as ``gvr (reason)`` with the source's reason when it
-      has one, e.g. excluded by a filter; ``not_synced``: still listing);
-    - ``starting``: ``create`` is running (for at most the manager's ``start_timeout``);
-    - ``running``;
-    - ``stopping``: cancelled, and its instance has not ended yet;
-    - ``backoff``: after a failure, until its retry;
-    - ``stuck``: did not stop within the manager's ``stop_timeout``; not restarted until it ends.
-
-    ``reconciles`` is what its Controller reported through the context, summed over its instances: a reconcile
-    that always fails shows here (controller-runtime only counts it in a metric).
+    ``reconciles`` sums its instances' reports: a reconcile that always fails shows here, not only in a metric.
     """
 
     name: str
@@ -268,7 +255,7 @@ class ControllerManager:
         return {name: r.status for name, r in self._runners.items()}
 
     def health(self) -> list[HealthItem]:
-        """One item per controller (seed 001's HealthStatus)."""
+        """One item per controller."""
         out = []
         for r in self._runners.values():
             st = r.status

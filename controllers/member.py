@@ -8,18 +8,10 @@
         +-----------------------------------------------------+     |
     CONNECTING -> REFUSED (a kubeconfig refused: until its config changes)    any state --+
 
-One task per member brings it up (connect, discover, sync) and retries it with backoff. skv2 and multicluster-runtime
-do this in the watcher's worker, so one unreachable cluster delays every other; here a cluster that does not sync
-within ``sync_timeout`` is engaged anyway (its condition says what is missing: its other controllers need not wait
-for one forbidden or broken API), and no member ever blocks another.
-
-Conditions (Connected, Discovered, Synced, each with the last error) are the member's. Once it is engaged they
-follow its informers, set by the member's own task when its factory says something changed (reads such as
-``/status`` and the metrics change nothing): Connected turns false as soon as a watch fails to reach the server and true as soon as the
-watches work again (the ``/version`` probe only decides for a member whose watches say nothing), and the shown state
-is ``ready`` exactly while every condition holds (``degraded`` when one does not). No polling at steady state: a
-member is asked ``/version`` only after its watches said nothing (no event, bookmark or answer) for
-``probe_interval``, above the bookmark cadence and the watches' inactivity timeout by default.
+One task per member brings it up and retries it, so no member blocks another (skv2 and multicluster-runtime do this
+in the watcher's worker); one not synced within ``sync_timeout`` is engaged anyway, its conditions saying what is
+missing. Once engaged, Connected/Discovered/Synced follow its informers (``ready`` while all hold, else
+``degraded``); ``/version`` is probed only after the watches said nothing for ``probe_interval``: no steady polling.
 """
 
 from __future__ import annotations

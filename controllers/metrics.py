@@ -1,22 +1,11 @@
 """Reconcile metrics under controller-runtime's names, kept in plain counters and read at scrape time.
 
-controller-runtime updates prometheus vectors on every reconcile (a label lookup and a lock each). Here each
-controller name has one ``ReconcileMetrics`` record of plain numbers, updated from the event loop's single
-thread without locks, and a collector turns the records into metric families when ``/metrics`` is scraped,
-as the work queue's metrics do: a reconcile costs a few additions and a bisect. The record of a name outlives
-the controller instances that use it (a controller restarted by the manager continues its counts), so the
-counters only go up, like controller-runtime's process-wide ones. Classic histogram buckets only (no native
-histograms).
-
-- ``controller_runtime_reconcile_total{controller,result}``: result ``success``, ``error``, ``requeue``,
-  ``requeue_after``;
-- ``controller_runtime_reconcile_errors_total{controller}`` and
-  ``controller_runtime_terminal_reconcile_errors_total{controller}`` (a ``TerminalError`` counts in both);
-- ``controller_runtime_reconcile_time_seconds{controller}``: a histogram of reconcile durations;
-- ``controller_runtime_active_workers{controller}``, ``controller_runtime_max_concurrent_reconciles{controller}``;
-- ``controller_read_your_writes_waits_total{controller,result}`` (``caught_up``, ``timeout``) and
-  ``controller_read_your_writes_wait_seconds{controller}``: the reconciles that had to wait for their own
-  earlier writes to show in the caches (``read_your_writes.py``; ours, controller-runtime has none).
+controller-runtime updates prometheus vectors (a lookup and a lock) per reconcile; here each controller name has a
+``ReconcileMetrics`` record of plain numbers, turned into metric families at scrape. A name's record outlives its
+controller instances, so counters only go up. Series ``controller_runtime_`` + ``reconcile_total``,
+``reconcile_errors_total``, ``terminal_reconcile_errors_total``, ``reconcile_time_seconds``, ``active_workers``,
+``max_concurrent_reconciles``; and ours, ``controller_read_your_writes_waits_total`` and
+``controller_read_your_writes_wait_seconds``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """ClusterProvider: a source of member clusters (multicluster-runtime's ``Provider``), and what it says of each.
 
-A provider turns some source of truth (kubeconfig Secrets, Cluster API Secrets, kubeconfig files, the local
-cluster) into named connection configs. multicluster-runtime's providers engage clusters themselves (they call
-the manager's ``Engage``), so each provider re-implements when a cluster starts and stops, and a provider that
-misses a delete leaves a cluster engaged. Here a provider only says what it knows, level-based: ``get(name)`` and
-``names()`` read its current view, and the callback it is started with says which name may have changed. What
-follows from that view (precedence between providers, which replica runs a cluster, rotation to a new
-kubeconfig, teardown) is decided once, downstream (``provider_set.py``, ``coordinator.py``, ``cluster_registry.py``),
-so a restart or a second replica computes the same members from the providers' state alone.
-
-What a provider hands over is a ``Connection``, here of four kinds (a provider may bring one of its own): an
-untrusted kubeconfig (from cluster state: exec plugins only from the allow-list, no file paths, see
-``informers.untrusted_kubeconfig``), a trusted kubeconfig file (the operator's own: loaded as ``kubectl`` would),
-the local cluster (the management client), or one namespace of the local cluster. Each kind knows how its member
-connects (``client``), what informers it gets (``informers``: a factory of its own, the sidecar's, or a view of
-the one its provider's namespaces share) and its ``digest``, so nothing tells the kinds apart.
+Unlike multicluster-runtime's providers, which engage clusters themselves, a provider here only reports its view,
+level-based: ``get(name)``, ``names()``, and a callback naming what may have changed. Precedence, sharding, rotation
+and teardown are decided downstream, once, so every replica computes the same members from the providers' state.
+A member is handed over as a ``Connection``, which knows how it connects, its informers and its ``digest``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """ReadYourWrites: a reconcile starts once its request's own earlier writes show in the controller's caches.
 
-controller-runtime (#3320) makes its cached client's Get and List wait, bounded, until the informer has observed
-the resourceVersion that the client's own last write of the object returned. Here, with these differences, and
-why:
-
-- Listers are synchronous (a dict lookup), so the wait cannot be inside ``get``: it comes before the reconcile.
-  A reconcile waits for the writes that earlier reconciles of the same request made (to any object, through any
-  ``ResourceClient`` of the context), and for no other: a worker never waits on another request's traffic.
-- Reconciles of one request never overlap, so none of its writes is in flight when it starts: no in-flight marks.
-- Caught up: the informer's resourceVersion (that of the last event or list it applied), or the cached object's,
-  is at least the written one. Compared as integers (KEP-5504: increasing integers within one resource type),
-  and only within the written GVR's own informers (the whole one and the metadata-only one). When one is not an
-  integer: the cached object's resourceVersion is the written one, or has changed since the write.
-- A delete reads as gone: caught up once the cache no longer holds the object of that UID. A delete answered
-  with the object still there (finalizers, a grace period) is an ordinary write of it.
-- On timeout the reconcile runs with what the cache has; the timeout is counted (``metrics.py``).
-- Writes made outside a reconcile (a finalizer's, by the Controller around it, count as inside) are not tracked.
+controller-runtime waits inside its cached client's Get/List; listers here are synchronous, so the wait comes before
+the reconcile, for that request's writes only. Caught up: the informer's or the cached object's resourceVersion is
+at least the written one (as integers, KEP-5504; else the object's RV changed), or a deleted UID is gone. On timeout
+the reconcile runs with what the cache has (counted). Writes outside a reconcile are not tracked.
 """
 
 from __future__ import annotations

@@ -1,38 +1,14 @@
-"""UnionController: keeps a UnionInformer in step with records, the objects of any informer (seed 000's
-``UnionKubeApplierInformersController``, where the records are management clusters read from a database).
+"""UnionController: keeps a UnionInformer in step with records, the objects of any informer (ARO-HCP's
+``UnionKubeApplierInformersController``).
 
-A record stands for one sub of the union, named ``key(record)``; ``factory(record)`` builds that sub, an unstarted
-informer of anything (another cluster's, one namespace of a shared cluster's, one built from a CR's spec), or
-answers None for "not yet". Each event of the records informer queues the keys of its record (old and new, for an
-update); a worker of the shared keyed loop (``keyed_loop.py``) then looks the key up *in the records' cache*, never
-in the event's payload (a stale payload could bring back a record that is gone):
-
-- present, with no sub, or with one built for another identity of the record (``identity(record)``: by default its
-  uid and everything but its metadata and status): ``factory(record)``; the new sub joins the union under the key
-  (the union's handlers installed on it) and is started, so the handlers get its first list as their initial list.
-  A sub it replaces leaves the union in that same step (``UnionInformer.add``), its handlers are removed before the
-  new sub starts (the two never both deliver), then it is stopped. Same identity (a status write, a relist):
-  nothing. Keys are found in the records' cache through an index this controller adds to it while it runs.
-- absent: the sub leaves the union, then is stopped.
-- None from the factory, or an exception: the key is retried with the queue's per-key backoff (rate limiter) without
-  waiting for another event; a sub already there for an older identity keeps serving meanwhile (a gap would look,
-  to the handlers' readers, like every object of it deleted).
-
-``run(workers)`` works until cancelled; on exit the handler on the records informer is removed, every sub leaves the
-union and every sub the controller made is stopped. ``ready()`` is the strict readiness gate.
-
-Differences from the seed, and why:
-
-- None (or a failing factory) is retried with backoff; the seed waits for the record's next event, so a record
-  whose informer could not be built yet may never join.
-- A changed record gets a new sub when its identity changed; the seed keeps the first sub forever (a record now
-  naming another namespace or cluster would be served from the old one).
-- Shutdown also removes the subs from the union: the seed stops them but leaves them in it, so the union's
-  ``has_synced`` and lister keep reading caches that no longer follow anything.
-- A sub is tracked from the moment the factory hands it over, before anything is awaited: an item cut short (a
-  failed install, a stop mid-swap) never leaves a sub running that nobody stops.
-- Two records with one key: the oldest (creation time, then object key) holds it, the others are logged; a key
-  function that raises, or gives no non-empty string, leaves that record out (logged).
+A record stands for one sub of the union, keyed ``key(record)``; ``factory(record)`` builds an unstarted informer
+for it, or None for "not yet". Each key is looked up in the records' cache, never in an event's payload (a stale
+payload could revive a record). Present with no sub, or a sub of another ``identity(record)``: a new sub joins and
+starts, the one it replaces leaves first (the two never both deliver) and is stopped. Absent: the sub leaves and is
+stopped. A sub is owned from the moment the factory returns it; two records with one key: the oldest holds it.
+``ready()`` is the strict readiness gate. Differs from ARO-HCP: None or a failing factory is retried with backoff
+(it waits for the next event) while an older sub keeps serving; a changed identity gets a new sub (it keeps the
+first forever); on exit subs also leave the union (it leaves stopped ones in, still read by its lister).
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """create_or_update and create_or_patch: make an object what ``mutate`` says, creating it if needed.
 
-controller-runtime's ``controllerutil.CreateOrUpdate`` / ``CreateOrPatch`` and their results, with these
-differences, and why:
-
-- Objects are dicts: the template only names the object (and is the base when it must be created), ``mutate``
-  edits a copy in place, and the object as the server returned it comes back with the result, where Go fills
-  the caller's struct.
-- Like controllerutil, neither retries on conflict: an update from a stale read raises ``Conflict``, and the
-  caller wraps the call in ``retry_on_conflict`` (each call reads afresh). ``create_or_patch`` sends merge
-  patches of just the fields ``mutate`` changed, without a resourceVersion, so it only conflicts on a create race.
-- As controllerutil, they compare with semantic equality (``semantic_equal``): a ``mutate`` that sets an empty
-  map or list where the server stores none changes nothing, and sends nothing. Without a schema, where the
-  server drops empty values is learned from its answers to these writes (``OMISSIONS``), the metadata's known
-  from the start: so after the first write of such a field, and never where ``{}`` means something.
-- As in controllerutil, a status set by ``mutate`` on the create path is dropped by servers that serve status as
-  a subresource; it is written on the next ``create_or_patch``.
+controller-runtime's ``controllerutil.CreateOrUpdate``/``CreateOrPatch``, on dicts: ``mutate`` edits a copy and the
+server's object comes back with the result. Neither retries on conflict (wrap in ``retry_on_conflict``);
+``create_or_patch`` sends a merge patch of what ``mutate`` changed. Comparison is semantic (``semantic_equal``);
+without a schema, which empty values the server drops is learned from its answers (``OMISSIONS``).
 """
 
 from __future__ import annotations

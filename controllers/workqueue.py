@@ -1,21 +1,12 @@
 """WorkQueue: client-go's rate-limited, delaying, de-duplicating work queue for asyncio, with controller-runtime's
-priorities (its ``priorityqueue``, the default since v0.23).
+priorities (its ``priorityqueue``).
 
-- An item added while it waits is not added twice; one added while being processed is marked dirty and
-  queued again when ``done`` is called, so two workers never hold the same item.
-- Every add takes a ``priority`` (default 0): ``get`` hands out the highest first, FIFO within one priority. A
-  re-add of a waiting item keeps the higher of the two priorities; one that raises it moves the item to the tail
-  of its new priority, behind the items queued there before it. A dirty item is queued again on ``done`` with the
-  highest priority it was added with.
-  ``prioritized=False`` ignores every priority: client-go's FIFO queue exactly.
-- ``add_after`` holds an item back; a second ``add_after`` can only move its ready time earlier, and keeps the
-  higher priority, which the item is added with when its time comes. As in client-go (not controller-runtime,
-  which keeps one entry per item) a held-back item is apart from the queue: an ``add`` meanwhile queues it now,
-  and the held-back add still comes at its time.
-- ``add_rate_limited`` delays by the rate limiter; ``forget`` resets the item's failures.
-- ``done`` of an item that was not handed out does nothing (client-go's would queue a dirty one a second time).
-- ``shutdown`` wakes every waiting ``get`` (which then raises ``QueueShutDown``) once the queue is empty;
-  ``shutdown_with_drain`` also waits until items being processed are done.
+- An item is queued once; one re-added while processed is queued again on ``done``: two workers never hold it.
+- ``get`` hands out the highest priority first, FIFO within one; a re-add keeps the higher priority.
+  ``prioritized=False`` is client-go's FIFO queue exactly.
+- ``add_after`` holds an item back apart from the queue, as client-go (controller-runtime keeps one entry).
+- ``done`` of an item not handed out does nothing (client-go's would queue a dirty one twice).
+- ``shutdown`` wakes waiting ``get`` calls (``QueueShutDown``); ``shutdown_with_drain`` also awaits processing.
 """
 
 from __future__ import annotations

@@ -137,20 +137,10 @@ def load_client_certificate(context: ssl.SSLContext, pem: str) -> None:
 class ExecPlugin:
     """The ``exec`` section of one kubeconfig user; ``get()`` returns a credential, running the plugin when needed.
 
-    What differs from the kubernetes package's ``ExecProvider``, and why:
-
-    - The plugin runs in the task of the request that needs the credential, never at construction, and at most
-      ``timeout`` seconds (``ExecPluginTimeout``); cancelling that request kills it. Its process group dies with it,
-      and with our process, even when we are SIGKILLed (see ``_SHIM``): a hanging plugin cannot hang or outlive us.
-    - A failure raises ``ExecPluginError`` (command, user, exit code, last stderr line) instead of going on
-      without credentials.
-    - Requests that need a credential while the plugin runs wait for that run and share its outcome, a failure
-      included: informers starting together against a hanging plugin fail after one timeout, not one each.
-    - It never runs interactively (stdin is /dev/null, ``spec.interactive`` is false): there is no user to answer.
-    - ``status.clientCertificateData``/``clientKeyData`` are kept in memory (``load_client_certificate``).
-    - The credential is renewed ``_EXPIRY_SKEW`` seconds before ``status.expirationTimestamp`` (the package: five
-      minutes, which re-runs a plugin issuing shorter-lived tokens on every request), and when the server rejects it
-      (``get(rejected=...)``, client-go's behaviour on 401).
+    Differs from the kubernetes package's ``ExecProvider``: the plugin runs in the requesting task, at most
+    ``timeout`` seconds, never interactively, and its process group dies with the request or with us (``_SHIM``);
+    concurrent requests share one run and its outcome; a failure raises ``ExecPluginError``; the credential is renewed
+    ``_EXPIRY_SKEW`` seconds before expiry and when the server rejects it (``get(rejected=...)``, as client-go on 401).
     """
 
     def __init__(self, user: str, config: Mapping[str, Any], cwd: str | None = None,

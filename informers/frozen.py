@@ -1,28 +1,12 @@
 """Read-only cached objects: an informer freezes each object once, as it enters the cache.
 
-client-go hands out pointers into its cache and documents that "objects returned by listers must be treated as
-read-only"; only an opt-in detector (``KUBE_CACHE_MUTATION_DETECTOR``, a deep copy of every object compared
-periodically, too slow to leave on) notices a breach, after the fact. In Python, where objects are dicts,
-``obj["metadata"]["labels"]["x"] = "y"`` or ``.setdefault`` on a listed object is the natural thing to write, and it
-would silently change what every other lister, handler and reconciler sees. So here the mistake fails at once, at
-the faulty line: every dict of a cached object is a ``FrozenDict`` and every list a ``FrozenList``, whose mutating
-methods raise ``ReadOnlyError`` naming the operation and the key.
-
-They are ``dict`` and ``list`` subclasses that override nothing but the mutating methods, so everything else is the
-built-in code and costs what it did: reads, iteration, ``in``, ``len``, ``==`` with plain dicts and lists,
-``isinstance(obj, dict)``, ``orjson.dumps`` and ``json.dumps``. ``deep_copy(obj)`` (or ``copy.deepcopy``) gives a
-plain mutable copy; ``dict(obj)``, ``obj.copy()`` and ``copy.copy(obj)`` a mutable top level over frozen contents.
-
-Freezing copies each dict and list of an object once (the scalars are shared), after the transform (which may edit
-the decoded object), which costs about 60 % of what orjson takes to decode a ConfigMap and no memory: the decoded
-containers are freed as the frozen ones take their place (figures in bench/RESULTS-readonly.md). A lazy read-only
-view would cost nothing at decoding, but it is not a dict (orjson, ``json`` and ``isinstance(obj, dict)`` refuse
-it) and its reads are several times slower; detection alone, as in client-go, lets the bug ship.
-``KUBE_SYNCER_READONLY_CACHE=0`` turns freezing off for informers created afterwards: objects are then the decoded
-dicts, as before (to measure the cost, or as a stopgap for code that still edits cached objects).
-
-This guards against mistakes, not intent: ``dict.__setitem__(obj, key, value)`` still writes. Only the dicts and
-lists that JSON decodes to are frozen; a transform should return nothing else.
+client-go only asks callers not to mutate cached objects (an opt-in detector notices after the fact); in Python,
+editing a listed dict is the natural mistake and would change what every other reader sees. Here every dict of a
+cached object is a ``FrozenDict`` and every list a ``FrozenList``, whose mutating methods raise ``ReadOnlyError``.
+They override only mutators, so reads, ``isinstance(obj, dict)`` and JSON encoding are the built-in code;
+``deep_copy(obj)`` gives a mutable copy. Cost: one copy of the containers at decode (bench/RESULTS-readonly.md).
+``KUBE_SYNCER_READONLY_CACHE=0`` turns freezing off for informers created afterwards.
+This guards against mistakes, not intent (``dict.__setitem__`` still writes).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Kubeconfig and in-cluster configuration for the common cases, without importing the ``kubernetes`` package.
 
-Importing any part of ``kubernetes`` runs its ``__init__``, which imports every generated API model: about 30 MiB
-of RSS and 200 ms (bench/RESULTS-imports.md), for a process that only needs a host, a CA and a credential. So
-``load`` reads the kubeconfig itself when the chosen context is plain: its files parse, every entry it uses is
-where and what the package expects, and the user authenticates with a token (or ``tokenFile``), a client
-certificate, an ``exec`` plugin (run by ``credentials.ExecPlugin`` in either case) or a username and password.
-The result is what ``kubernetes.config.load_kube_config`` gives, with the same precedence (token, then exec,
-then username/password), the same merging of ``$KUBECONFIG``'s files (the first entry of a name wins, the last
-``current-context`` wins) and the same relative paths (a user's ``tokenFile`` from its own file's directory, the
-CA and client certificate from the cluster's), except that ``*-data`` fields stay in memory (``ApiClient`` loads
-them) instead of becoming temporary files kept until exit.
-
-Anything else — an ``auth-provider``, a missing or malformed entry, a field of an unexpected type, a file that is
-missing or does not parse — goes to the package's loader (``credentials.load_kubeconfig``), unchanged: what only
-the package does, and every error message, stay the package's.
+Importing ``kubernetes`` costs about 30 MiB and 200 ms (bench/RESULTS-imports.md). So ``load`` reads a plain
+context itself (token or ``tokenFile``, client certificate, ``exec`` plugin, or username and password), with
+``load_kube_config``'s precedence, ``$KUBECONFIG`` merging and relative paths, except that ``*-data`` fields stay
+in memory instead of becoming temporary files. Anything else (``auth-provider``, a missing, malformed or
+unexpected entry) goes to the package's loader unchanged (``credentials.load_kubeconfig``), errors included.
 """
 
 from __future__ import annotations

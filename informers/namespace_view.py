@@ -1,24 +1,12 @@
 """Namespace views: one namespace of a cluster's shared informers, as if it had informers of its own.
 
-multicluster-runtime's namespace provider makes each namespace of one cluster a cluster, every one a view of the
-host's one cache: a single informer per GVR, with its reads and events filtered by namespace. Here:
+- ``NamespaceHost`` holds the one discovering factory the views of a cluster share, started by the first view that
+  starts and shut down with the last.
+- ``NamespaceSource`` is one namespace's informer source; it takes back all it registered at ``shutdown()``.
+- ``NamespaceInformer`` answers for its namespace from the namespace index, and its handlers are routed by namespace
+  (multicluster-runtime offers every event to every namespace's filter).
 
-- ``NamespaceHost`` holds the one discovering factory (every namespace) that the views of one cluster share. It is
-  made and started by the first view that starts, and shut down when the last view shuts down: members come and
-  go without restarting it, and it does not outlive them.
-- ``NamespaceSource`` is one namespace's view of that factory, an informer source a ControllerManager (or a fleet
-  loop) takes as it takes a factory of its own. It declares its requirements, subscriptions, removal hooks and GVR
-  handlers to the host under its own names and takes them all back at ``shutdown()``, with every event handler
-  registered through its informers: a namespace that leaves leaves nothing behind.
-- ``NamespaceInformer`` is one namespace of a shared informer: its store and lister answer for that namespace
-  only (from the store's namespace index, not by scanning), its event handlers are routed to by namespace
-  (``shared_informer.py``: an event costs only its own namespace's handlers, where multicluster-runtime offers it
-  to every namespace's filter), and it is synced when the shared informer is.
-
-Cluster-scoped GVRs are not visible to a namespace (as in multicluster-runtime, whose namespace clusters see
-namespaced objects only): the host factory watches namespaced resources only, and ``explain`` says why a
-cluster-scoped GVR has no informer ("excluded: cluster-scoped, ..."). The host's own CRD and APIService informers
-(its discovery triggers) are not shown to the namespaces either.
+Cluster-scoped GVRs are not visible to a namespace, as in multicluster-runtime (``explain`` says why).
 """
 
 from __future__ import annotations

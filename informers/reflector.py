@@ -1,62 +1,17 @@
 """Reflector: keeps a sink in step with the server by list + watch, with client-go's recovery rules.
 
-- First sync by watch-list streaming (``sendInitialEvents``) when the server supports it, else a paged LIST
-  (``limit`` + ``continue``) at ``resourceVersion=0``. A relist, also the one after a 410 on a watch, asks for
-  the last synced RV, and falls back to ``""`` (a consistent read from etcd) only when that request itself
-  answers 410: after a compaction, every informer would otherwise make one.
-- A relist at the last synced RV is sent without ``limit``, as client-go's ``Reflector.list`` does: the
-  apiserver reads a LIST with ``limit``, a resourceVersion other than ``""``/``"0"`` and no
-  ``resourceVersionMatch`` as *Exact* (served from etcd at that revision), and without ``limit`` as *not older
-  than* (from the watch cache). After an apiserver restart the new watch cache starts at the current revision:
-  an exact relist would bring back the old state, the watch from its RV would answer 410, and the informer
-  would loop there forever. Relists are paged only when the first list at ``"0"`` came back paginated (the
-  cacher ignores ``limit`` at ``"0"``, so the watch cache was off or not yet initialised). client-go then sends
-  the same exact read; here a paged relist says ``resourceVersionMatch=NotOlderThan``, so that it cannot go
-  back in time either when the watch cache is there after all. client-go's ``WatchListPageSize``, which forces
-  paging, has no counterpart.
-- Watch-list is given up for a GVR only when the server demonstrably lacks it: it refuses ``sendInitialEvents``,
-  or sends an ordinary bookmark before the initial-events-end one. A stream cut or timed out during the
-  initial events is retried like any failed watch.
-- WATCH from the last RV with bookmarks and a random server timeout; a normal end re-watches without a relist;
-  410/Expired/too-large-RV relists; 429 re-watches after Retry-After; connection errors re-watch after a
-  backoff; a watch that ends in under a second with no events counts as an error; a stream silent for
-  ``inactivity_timeout`` is abandoned (half-open TCP) and re-opened.
+First sync by watch-list (``sendInitialEvents``), dropped for a GVR only when the server proves it lacks it, else a
+paged LIST at ``"0"``; then WATCH from the last RV with bookmarks. Differs from client-go:
 
-Where it differs from client-go, and why:
+- A relist at the last synced RV reads *not older than* (no ``limit``, or paged with ``NotOlderThan``), never
+  *exact*, which loops on 410 after an apiserver restart; ``""`` only when that relist itself answers 410.
+- Outage recovery: a reflector backing off retries once a later request of its ApiClient succeeds (once per
+  outage, spread by ``_RESUME_SPREAD``); one waiter per client probes ``/readyz`` each second; API errors until the
+  next success back off from ``_RESUME_INITIAL``. One relist per outage, seconds after (client-go: up to a minute).
+- Nothing but cancellation ends ``run``: a listener, the sink or the error handling raising is logged.
+- A ``MetadataGVR`` asks for ``PartialObjectMetadata``; whole objects from a server that cannot are cut down here.
 
-- Recovery after an outage. client-go sleeps out a backoff that grew while the server was down (up to 60 s
-  with jitter), and its first answers after an apiserver restart (a 410 to the watch, a 503 for paths not yet
-  installed) are backed off from there, so informers come back up to a minute after the server. Here:
-
-  * A reflector that backs off after a connection error retries as soon as a request of the same ApiClient
-    sent after its failure succeeds (another informer's, a discovery GET; ``ApiClient.answered_after``), after
-    a random pause of up to ``_RESUME_SPREAD``, one per client and recovery, so that the clients of one server
-    do not all relist at the same moment while the informers of one client resume together. So that someone asks even when every informer sleeps a long backoff, one of the
-    waiting reflectors of a client asks ``/readyz`` about every second (jittered). While that probe cannot
-    connect, a reflector whose backoff ends waits on instead of retrying (its request could not connect either):
-    about one request a second to a server that is down, however many informers there are. Once the probe gets
-    any answer, the reflectors' own backoffs apply again, in case ``/readyz`` stays unready while the API works.
-    A success of a request sent before the failure does not count (a server shutting down answers the requests
-    it had while it refuses new ones).
-  * The first answer after connection errors ends that "unreachable" run. An error answer (typically the 410
-    that follows an apiserver restart, as an ERROR event of a watch that answered 200: an answer, not a proof
-    that the watch works; or a 503 while its paths are installed) restarts the backoff, and until
-    the next success API errors back off from ``_RESUME_INITIAL`` (0.1 s) instead of 0.8 s: the server is
-    starting, and the relist it asks for should not wait. That resume backoff grows as usual and only a
-    success resets it, so a server that keeps failing after it answered is not hammered.
-  * The early retry is taken at most once per unreachable run of the reflector (until it gets an answer):
-    API errors are never cut short, and a reflector whose own requests keep failing while others' succeed
-    backs off as usual instead of spinning.
-
-  So each informer relists once per outage, within a few seconds of the server answering again.
-- Nothing but cancellation ends ``run``: an error listener, the sink or the error handling itself raising is
-  logged, and the reflector carries on (client-go's equivalent, a panic, is also recovered and retried).
-
-A ``MetadataGVR`` is listed and watched as client-go's metadata client does: ``Accept`` asks for
-``PartialObjectMetadataList`` (LIST) or ``PartialObjectMetadata`` (WATCH, watch-list) and then plain JSON. The
-apiserver takes the first clause the endpoint can serve and answers 406 only when none is left, so a server
-that cannot make the transform sends whole objects instead, and those are cut down to their metadata here
-(client-go decodes them into ``PartialObjectMetadata``). Recovery is the same as for whole objects.
+Over 400 lines: one state machine (list, watch, backoff, probe) whose recovery state every path reads.
 """
 
 from __future__ import annotations

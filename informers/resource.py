@@ -1,19 +1,13 @@
 """ResourceClient: get, list, create, update, patch, apply and delete the objects of one GVR, as plain dicts.
 
-What controller-runtime's ``client.Client`` and client-go's dynamic client do, with these differences, and why:
+Differs from controller-runtime's ``client.Client`` and client-go's dynamic client:
 
-- One client per GVR rather than one for every type: objects are dicts, so no scheme can tell where they go.
-- The patch type is always named (``type="merge"``, ...): a dict could be any of the four patch documents, and
-  sending one as another is accepted by the server and silently does something else.
-- ``update`` refuses an object without ``metadata.resourceVersion``: an update is always optimistic concurrency
-  here, so a stale read fails with ``Conflict`` instead of overwriting; an unconditional write is what ``apply``
-  and patches are for.
-- A namespace where the resource has none, or none where it needs one, is a ``ValueError`` naming the resource,
-  raised before any request: the server would answer with a 404 that reads like a missing object.
-- A strategic merge patch of a resource that does not support it (custom resources, aggregated APIs) fails with
-  an ``UnsupportedMediaType`` saying so, where the server's 415 only lists the content types it accepts.
-- ``list`` follows ``continue`` tokens itself and returns every item with ``apiVersion`` and ``kind`` set; when a
-  token expires half-way (410) it starts over with one unpaginated list, as client-go's pager does.
+- One client per GVR: objects are dicts, so no scheme can route them.
+- The patch type is always named: a dict could be any patch document, and the wrong one silently does otherwise.
+- ``update`` requires ``metadata.resourceVersion`` (always optimistic); blind writes are ``apply`` or a patch.
+- A namespace where the resource has none, or none where it needs one, raises ``ValueError`` before any request.
+- A strategic merge patch of a resource without support raises ``UnsupportedMediaType`` saying so.
+- ``list`` follows ``continue`` itself and restarts unpaginated when a token expires (410), as client-go's pager.
 """
 
 from __future__ import annotations

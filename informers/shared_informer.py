@@ -1,16 +1,12 @@
 """SharedIndexInformer: one reflector, one indexed store, any number of event handlers.
 
-Each handler registration has its own queue and task, so a slow or failing handler never delays the
-reflector or the other handlers. Handler methods may be plain functions or coroutines.
+Each handler registration has its own queue and task, so a slow or failing handler never delays the reflector or
+the other handlers; handler methods may be plain functions or coroutines. A registration may be for one namespace:
+its events are routed by a dict lookup, so an event costs only its own namespace's handlers (client-go has no such
+thing; multicluster-runtime offers every event to every namespace's filter).
+Cached objects are shared, frozen (``frozen.py``): client-go asks callers not to modify them, here it raises.
 
-A registration may be for one namespace (``add_event_handler(..., namespace=ns)``): it gets only the events of
-that namespace's objects (its initial adds and resyncs from the namespace index), routed by a dict lookup per
-event, so the namespaces' handlers of one informer cost an event only its own namespace's handlers. client-go has
-no such thing; multicluster-runtime's namespace provider wraps every handler in a filter, so each event is offered
-to every namespace's handlers (``namespace_view.py`` builds on this).
-
-Handlers and listers share the cached objects themselves, frozen (``frozen.py``): client-go asks callers not to
-modify them, here a modification raises ``ReadOnlyError``.
+Over 400 lines: the informer and its registrations are one delivery path (store, queues, namespace routing).
 """
 
 from __future__ import annotations

@@ -1,43 +1,15 @@
 """UnionInformer: register handlers once, receive events from the informers of every cluster, present and future.
 
-A union holds one informer per cluster (``add(cluster, sub)``, ``remove(cluster)``); a handler registered on the
-union (``add_event_handler``) is installed on every sub, and on every sub added later, with its resync period and
-name. The union never starts or stops a sub: whoever adds it owns it. ``lister`` reads across all of them
-(``union_lister.py``).
+One sub informer per cluster (``add``/``remove``); a handler added to the union is installed on every sub, present
+and future. The union never starts or stops a sub: whoever adds it owns it. A handler method with a ``cluster``
+parameter (or ``**kwargs``) gets ``cluster=<name>``; any other gets exactly what a single informer gives.
+Differs from ARO-HCP's union informers:
 
-Which cluster an event comes from: a handler method with a parameter named ``cluster`` (or ``**kwargs``) is
-called with ``cluster=<name as added>``; any other method gets exactly what it gets from a single informer, so
-``FuncHandler(on_add=lambda obj, initial: ...)`` works unchanged. The choice is made once per install: a method
-without ``cluster`` is installed as it is (an event costs exactly what it costs through a single informer), one
-with it behind a small closure that adds the cluster.
-
-Differences from ARO-HCP's union informers, and why:
-
-- Replacing a sub (``add`` under a name already present) keeps the old sub fully wired if installing a handler
-  on the new one fails: the installs made on the new sub are rolled back and ``HandlerInstallError`` is raised
-  (a handler may have been given part of the new sub's replay meanwhile). ARO-HCP detaches the old sub first
-  and leaves it registered with no handlers. On success the old sub's handler tasks are cancelled in the loop
-  iteration in which the new sub's start, so a handler never sees the two informers of one cluster interleaved.
-- No lock. Every change of the union (a sub in or out, a handler remembered or forgotten, with its installs) is
-  one synchronous step on the event loop; the awaits that follow only finish removing registrations that are
-  already out of the union. So mutations never interleave halfway, and reads (``clusters``, ``has_synced``, the
-  lister) take no lock: they never wait behind a slow detach. Use it from the event loop's thread only, like
-  every informer here.
-- ``add``/``remove``/``remove_event_handler`` are coroutines, because removing a handler from an informer awaits
-  its task; ``add_event_handler`` is synchronous like ``SharedIndexInformer``'s. When it fails on one sub, the
-  installs already made on the others are rolled back at once but finish in the background (and may deliver
-  a first batch of their replay meanwhile): ``await settle()`` waits for that; these tasks are short, and the
-  union owns them.
-- An empty name, a None sub or a sub without a lister raises instead of being ignored: a cluster that silently
-  does not join is worse than an error at the call that added it.
-- ``has_synced()`` stays true once every sub has synced, as client-go's does. ``cluster_ready(name)`` tells the
-  live state of one cluster: its sub has synced and its reflector reports no current error (it clears at the
-  next successful list or watch-list, or at the normal end of a watch). ``has_synced_clusters(expected)`` is the
-  gate for a caller who knows which clusters to expect (an empty union is vacuously synced).
-- Metrics (when the union has a name): ``union_informer_subs{union}``,
-  ``union_informer_events_total{union,cluster}`` (the watch events each sub's reflector counted, read at scrape
-  time: nothing is counted per event here), ``union_informer_handler_installs_total{union}`` and
-  ``union_informer_handler_install_failures_total{union}``.
+- Replacing a sub whose handler install fails rolls the new sub back and keeps the old one wired
+  (``HandlerInstallError``); on success the old sub's handlers stop as the new sub's start: never interleaved.
+- No lock: each mutation is one synchronous step on the event loop, so reads never wait. Loop thread only.
+- An empty name, a None sub or one without a lister raises: a cluster must not silently fail to join.
+- ``cluster_ready(name)`` tells one cluster's live state; ``has_synced()`` stays true once all synced, as client-go.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """UnionLister: read-only queries across the caches of every cluster of a union informer.
 
-ARO-HCP's union listers return bare objects from ``List``, so a caller cannot tell which cluster an object came
-from, and they are registered separately from the union informers (a reader may see a cluster on one surface and
-not yet on the other). Here, and why:
+Differs from ARO-HCP's union listers:
 
-- The lister is a view over the union informer's members, not a second registry: it always reads exactly the
-  clusters whose handlers are wired, so the two can never disagree.
-- Every object read across clusters comes as a ``ClusterObject(cluster, obj)``: the cluster is told without
-  copying or mutating the cached dict (a shared cache must stay read-only, and copying every object of every
-  cluster on each ``list`` would cost more than the read itself).
-- Clusters are read in a documented, stable order (by case-folded name, whatever order they joined in), so
-  ``get`` returns the same hit on every call and every replica.
-- A sub lister that returns None or raises ``NotFound`` does not have the object: the next cluster is tried. Any
-  other exception ends the read and propagates (as in ARO-HCP's union listers).
-- A cluster that is not in the union is ``ClusterNotFound``, not an empty result: a request for a removed
-  cluster is then told apart from an object that was deleted.
+- A view over the union informer's members, not a second registry, so it reads exactly the wired clusters.
+- Objects come as ``ClusterObject(cluster, obj)``: the cluster is told without copying the cached dict.
+- Clusters are read in a stable order (case-folded name), so ``get`` gives the same hit on every replica.
+- None or ``NotFound`` from a sub lister tries the next cluster; other errors propagate.
+- A cluster not in the union raises ``ClusterNotFound`` rather than giving an empty result.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """The fences of Lease holders: ``RenewFence`` (a renewal deadline), ``TermFence`` (a leadership term),
-``BucketTenure`` (a shard bucket's tenure) and ``UnitFence`` (a unit's view of its bucket's), all checked
-locally, without a network call (``controllers/fence.py``).
+``BucketTenure`` (a shard bucket's tenure) and ``UnitFence`` (a unit's view of it), all checked locally
+(``controllers/fence.py``).
 
-One rule decides which fence applies where: **work gets the fence of the tenure it was started under, and
-nothing else.** A tenure begins when this process takes a Lease (creates it, or writes itself over it as holder)
-and lasts while each renewal succeeds within ``renew_deadline`` of when the previous successful one was *sent*
-(the server may have stamped ``renewTime`` any time after). It ends for good when that deadline passes, when the
-Lease is seen held by another or deleted, or when it is given up; a renewal that succeeds after that does not
-revive it, the next take is a new tenure and a new fence. So:
-
-- leader election (``leader.py``): each term is a ``TermFence``, handed to every controller and client the term
-  starts (``LeaderElector.fence()``);
-- sharding (``sharding/coordinator.py``): each tenure of a bucket Lease is a ``BucketTenure``, and each unit of the bucket gets
-  a ``UnitFence`` that holds exactly while it does, handed to that unit's controllers and clients only (what
-  ``Units.start`` gets; a member cluster is engaged under it, ``sharding.units.ClusterUnits``, and one held by
-  another replica is not engaged here at all). A replica's member Lease has a plain ``RenewFence``, which
-  fences no write: it says whether this replica counts itself a member, and a renewal after a lapse does revive
-  it (the replica rejoins, judging every Lease afresh);
-- neither: ``controllers.fence.OPEN``.
-
-client-go's elector gives each renew attempt a fresh ``renew_deadline``; here the deadline runs from the last
-*successful* renewal, whatever the attempts in between are doing, so a process resumed after a pause past it
-(SIGSTOP, a VM freeze, a blocked loop) finds its fence closed before any of its queued work runs.
+Work gets the fence of the tenure it was started under, and nothing else. A tenure begins when a Lease is taken and
+lasts while each renewal succeeds within ``renew_deadline`` of when the previous successful one was sent; once
+ended (deadline passed, Lease held by another or deleted, given up) it is never revived. A member Lease's
+``RenewFence`` fences no write, and does revive (the replica rejoins). Unlike client-go, the deadline runs from the
+last *successful* renewal, so a process resumed after a pause finds its fence closed before its queued work runs.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """LeaderElector: leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's rules, and a term fence.
 
-A candidate takes the lease when it is free, released, or not renewed for ``lease_duration`` (measured on the
-local clock from when this candidate last saw it change, so clock skew between replicas does not matter).
-The leader renews every ``retry_period``; on graceful shutdown it releases the lease so a standby takes over
-at once.
-
-Unlike client-go, where each renew attempt gets a fresh ``renew_deadline``, the term ends ``renew_deadline``
-after the last *successful* renewal (counted from when that request was sent), whatever the attempts in
-between are doing: ``hold()`` returns then, and ``fence()`` says so locally, without a network call, to
-whoever asks first. A process resumed after a pause past that point (SIGSTOP, a VM freeze, a blocked loop)
-finds its fence closed before any of its queued work runs. The standby cannot take the lease before
-``lease_duration`` has passed on its own clock, so ``lease_duration - renew_deadline`` is the margin in which
-the old term's controllers must stop.
-
-The Lease rules (what was observed when, transitions) and its requests are ``lease.py``'s, the term's fence
-``fences.py``'s, shared with the shard coordinator (``sharding/coordinator.py``), for which a leadership term is the one-unit
-case. A term is a tenure: once it has ended (its deadline passed, or the Lease was seen held by another or
-deleted) it is over for good, even if a renewal sent before then succeeds after; the next take is a new term.
-
-``leader_election_master_status{name}`` (client-go's gauge, ``name`` the Lease's) is 1 while the term's fence
-holds, read when the metrics are collected.
+A candidate takes the lease when free, released, or unrenewed for ``lease_duration`` on its own clock; the leader
+renews every ``retry_period`` and releases on graceful shutdown. Unlike client-go, the term ends ``renew_deadline``
+after the last *successful* renewal (``hold()`` returns, ``fence()`` closes, no network call), and is never revived;
+``lease_duration - renew_deadline`` is the margin for the old term's controllers to stop. Lease rules are
+``lease.py``'s, fences ``fences.py``'s. ``leader_election_master_status{name}`` is 1 while the fence holds.
 """
 
 from __future__ import annotations

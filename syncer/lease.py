@@ -1,19 +1,10 @@
-"""Leases, as client-go's ``leaderelection/resourcelock`` reads and writes them: the record a Lease holds
-(``LeaseRecord``), the one lock that reads and writes ``coordination.k8s.io/v1`` Leases (``LeaseLock``), and what
-this process has observed of a record (``Observation``). The leader elector (one Lease, ``leader.py``) and the
-shard coordinator (a Lease per member and per bucket of work, ``sharding/coordinator.py``) both use them; no other module sends a
-Lease request.
+"""Leases, as client-go's ``leaderelection/resourcelock`` reads and writes them: ``LeaseRecord``, ``LeaseLock`` (the
+only sender of Lease requests) and ``Observation`` (what this process saw of a record, and when).
 
-What a candidate may do with a Lease is decided from what it has *observed*, never from the holder's
-``renewTime`` compared with its own wall clock: a record (holder, renewTime, duration) that has not changed for
-``leaseDurationSeconds`` of the observer's monotonic clock has expired, whatever the clocks of the two machines
-say. multicluster-runtime's sharded coordinator compares ``renewTime`` with ``time.Now()`` and so moves work away
-from a live holder (or leaves it with a dead one) when clocks drift.
-
-Unlike client-go's ``resourcelock.Interface``, whose ``Get``/``Create``/``Update`` return the API error for the
-caller to sort out, ``LeaseLock`` answers every request with a ``LeaseResult``: ``OK``, ``CONFLICT`` (409: written
-meanwhile, or already there), ``NOT_FOUND`` (404), or ``FAILED`` (any other answer, or none) with its error. One
-lock serves every Lease of a namespace (the record names its Lease): the shard coordinator holds many.
+Expiry is judged from observation: a record unchanged for ``leaseDurationSeconds`` of the observer's monotonic
+clock has expired, whatever the wall clocks say (multicluster-runtime's sharding compares ``renewTime`` with its
+own clock, so drift moves work). Unlike client-go's ``resourcelock.Interface``, every request answers a
+``LeaseResult`` (``OK``, ``CONFLICT``, ``NOT_FOUND``, ``FAILED``); one lock serves a namespace's Leases.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Controller plugins: modules that contribute named ManagedControllers, and webhooks, stores and runnables.
 
-A plugin is a module named by dotted path (``examples.plugins.configmap_mirror``), a ``.py`` file path, or an
-installed package advertising an entry point in the ``syncer.controllers`` group. It defines one hook or more::
-
-    def syncer_controllers(settings: dict) -> dict[str, ManagedController]: ...      # in every cluster
-    def syncer_fleet_controllers(settings: dict) -> dict[str, FleetController]: ...  # once, over all clusters
-    def syncer_fleet_components(settings: dict) -> list[FleetComponent]: ...       # run(scope) per term
-    def syncer_webhooks(settings: dict) -> list[Webhook]: ...      # syncer.webhook: Validating/MutatingWebhook
-    def syncer_conversions(settings: dict) -> list[Conversion]: ...  # syncer.webhook: CRD conversion webhooks
-    def syncer_stores(settings: dict) -> list[Store]: ...          # syncer.runnables: recovered before controllers
-    def syncer_runnables(settings: dict) -> list[Runnable]: ...    # syncer.runnables: run while leading
-
-With ``[clusters] enabled``, each ``syncer_controllers`` controller runs in every member cluster that serves its
-GVRs (a ControllerManager per cluster, with that cluster's client in its context), and each fleet controller runs
-once, over the union of the member clusters' informers of its GVR (``controllers.fleet``). A union kept in step
-with records (``controllers.UnionController``) is a ``syncer_controllers`` controller of the records' GVR
-(``examples/plugins/namespace_views.py``).
-
-``settings`` is the plugin's own table ``[plugin_settings.<short name>]`` (the module's last name, the file's
-stem, or the entry point's name). Installed entry-point plugins are loaded unless the ``entry_point_plugins``
-setting says otherwise.
+A plugin is a dotted module path, a ``.py`` file, or an entry point in group ``syncer.controllers``, defining any of
+the hooks ``syncer_controllers`` (each member cluster), ``syncer_fleet_controllers`` (once, over all clusters),
+``syncer_fleet_components``, ``syncer_webhooks``, ``syncer_conversions``, ``syncer_stores`` and
+``syncer_runnables``, each called with the plugin's table ``[plugin_settings.<short name>]``. Installed
+entry-point plugins are loaded unless the ``entry_point_plugins`` setting says otherwise.
 """
 
 from __future__ import annotations

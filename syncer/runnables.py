@@ -1,26 +1,11 @@
 """Stores and runnables that plugins contribute next to their controllers, and the leader's lifecycle of them.
 
-A **store** holds state that controllers need before their first reconcile (an index rebuilt from the cluster, a
-cache warmed from an external system): ``name`` and ``async recover()``. A **runnable** is any other long-lived
-work of the leader (a periodic report, a queue consumer): ``name``, ``async run()`` and ``async shutdown()``.
-Either may offer ``health() -> Health`` (``ReportsHealth``), shown in ``/healthz`` with what the sidecar itself
-knows.
-
-Seed 001 (furiko's controller manager) is followed for the order, ready -> elected -> stores recovered ->
-runnables and controllers started, and for concurrent shutdown. What differs, and why:
-
-- A failing ``recover()`` is retried with backoff (each attempt bounded by ``start_timeout``) and reported in
-  ``/healthz``, where furiko's ``Start`` returns the error: a store that depends on another system recovers once
-  that system is back, without a process restart that also gives up the lease each time. Controllers do not
-  start before every store has recovered; a term that ends first cancels the recovery.
-- Every ``run()`` is a task owned by ``Runnables``: one that raises is restarted with backoff (and reported)
-  while the others keep running, and ``stop()`` always ends them all, whatever happened before. furiko's
-  ``RunControllers`` documents that a failure cancels the others, and does not do it; here the rule is explicit
-  instead: a failure is contained to its runnable. A ``run()`` that returns is done, not failed.
-- ``stop()`` calls every ``shutdown()`` at once, each bounded by the same deadline, then cancels whatever is still
-  running; a ``run()`` that ignores even that is reported by name (as stuck controllers are), never forgotten.
-- Both are objects made once by the plugin hook and used again in each leadership term: ``recover()`` runs at
-  every term's start, ``run()`` again after the ``shutdown()`` of the previous term.
+A store (``name``, ``recover()``) holds state controllers need before their first reconcile; a runnable (``name``,
+``run()``, ``shutdown()``) is other long-lived leader work; either may report ``health()``. Each term, in furiko's
+order: stores recovered, then runnables and controllers started; stop is concurrent. Unlike furiko, a failing
+``recover()`` is retried with backoff and reported (controllers wait for it), a failing ``run()`` is restarted
+alone, and ``stop()`` bounds every ``shutdown()`` by one deadline, then cancels and names any that ignore it.
+The same objects serve every term.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The ``/status`` document as a page for a person: ``GET /status`` from a browser (``Accept: text/html``).
 
-One self-contained HTML page, rendered here from the same document the JSON answer carries, plus the recent
-trends of ``status_history.py``: no script, no external asset (it works offline, behind a port-forward), a
-``meta refresh`` every ``REFRESH`` seconds, small inline SVG charts where a trend says more than a number. Each
-controller (by name; in a fleet, its instances in every member together) and each member cluster has a section
-of its own that the tables link to, as ``#controller-NAME`` and ``#member-NAME``.
+One self-contained HTML page (no script, no external asset, ``meta refresh``, inline SVG trend charts), with a
+linked section per controller and member. Every value may be user data: it goes through ``html.escape`` unless it
+is ``Html`` made here, and the Content-Security-Policy allows no script.
 
-Everything in the document may be user data (object and cluster names, error messages that quote them): every
-value goes through ``html.escape``, unless it is ``Html`` this module made; the server also sends a
-Content-Security-Policy that allows no script at all.
+Over 400 lines: one page, whose sections share the document, the helpers and the stylesheet (``_CSS``).
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
-"""ClusterAPIProvider: the Cluster API's ``Cluster`` objects on the management cluster, with the kubeconfig Secrets
-Cluster API writes for them (multicluster-runtime's cluster-api provider).
+"""ClusterAPIProvider: Cluster API ``Cluster`` objects and their kubeconfig Secrets (multicluster-runtime's
+cluster-api provider).
 
-What counts, as Cluster API writes it (``util/secret``, ``util/kubeconfig``, ``api/core/*/common_types.go``):
+- A member is a ``Cluster`` (v1beta2, else v1beta1) in the configured namespaces matching ``label_selector``, not
+  being deleted, whose Secret ``<c>-kubeconfig`` (type ``cluster.x-k8s.io/secret``, key ``value``) exists. Only that
+  key of such Secrets is cached: the other Secrets of that type hold private keys.
+- ``ready_only``: only once the control plane is initialized (``controlPlaneInitialized``/``controlPlaneReady``,
+  set once): not ``status.phase`` (display only) nor ``Ready``/``Available``, which flap with worker scaling.
+- Two Clusters of one name: the oldest holds it, also while still provisioning.
+- The kubeconfig is cluster state: ``UntrustedKubeconfig``, exec plugins only from the allow-list.
 
-- A member is a ``Cluster`` (``cluster.x-k8s.io``, the version the server serves: v1beta2, else v1beta1) named after
-  its ``metadata.name``, in the configured namespaces and matching ``label_selector``, that is not being deleted
-  (no ``deletionTimestamp``: a bare apiserver has no garbage collector to remove its Secret, and one that has
-  keeps it until the Cluster's finalizers are done), and whose kubeconfig Secret exists.
-- The kubeconfig Secret of Cluster ``<c>`` is Secret ``<c>-kubeconfig`` in its namespace, of type
-  ``cluster.x-k8s.io/secret``, labelled ``cluster.x-k8s.io/cluster-name=<c>``, the kubeconfig under data key
-  ``value``. A Secret without its Cluster is not a member. ``<c>-user-kubeconfig`` (providers of managed control
-  planes write it for people) is not read. Only the data key ``value`` of ``-kubeconfig`` Secrets is kept in the
-  cache: the CA and service-account key Secrets of the same type carry private keys the provider never needs.
-- ``ready_only``: a Cluster counts only once Cluster API says its control plane accepts requests:
-  ``status.initialization.controlPlaneInitialized: true`` (v1beta2) or ``status.controlPlaneReady: true``
-  (v1beta1). Both are contract fields, set once and never reset. ``status.phase`` is not read (Cluster API asks
-  software not to: it is a display value) and neither are the ``Ready`` (v1beta1) or ``Available`` (v1beta2)
-  conditions: they summarise workers and remediation too, so a cluster scaling its machine pools would leave the
-  fleet and come back; whether the member can be reached is its own ``Connected`` condition downstream.
-- Two Clusters of one name (in two namespaces): the oldest holds it (``creationTimestamp``, then namespace/name,
-  ``claims.oldest_first``), the others are conflicts. Every Cluster not being deleted claims its name, ready,
-  with its Secret or not: a name does not move to another cluster while the older one is still provisioning.
-- The kubeconfig is cluster state, untrusted (``UntrustedKubeconfig``): exec plugins only from the allow-list.
-
-Without the Cluster API installed (neither version serves ``clusters``), the provider asks again every
-``discovery_interval`` seconds; meanwhile it is synced (it knows there is nothing) and ``status()`` says it waits.
-Once found, the version is kept: a server that later adds v1beta2 keeps serving v1beta1 by conversion, and a
-removed CRD deletes its Clusters first, which the watch delivers. The reflector alone would also retry a missing
-resource, but by backing off a 404 it never tells "not installed" from "failing", and keeps a version that might
-not be the one the server ends up serving.
+Without the Cluster API installed it asks again every ``discovery_interval`` and is synced meanwhile; a backing-off
+reflector could not tell "not installed" from "failing". Once found, the served version is kept.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
-"""ClusterProfileProvider: the ``ClusterProfile`` objects (``multicluster.x-k8s.io/v1alpha1``, the Cluster Inventory
-API, sigs.k8s.io/cluster-inventory-api) on the management cluster, reached through the access providers the
-operator configures (multicluster-runtime's ``clusterinventory`` provider with the API's ``access`` package).
+"""ClusterProfileProvider: ``ClusterProfile`` objects (the Cluster Inventory API) reached through the operator's
+access providers (multicluster-runtime's ``clusterinventory`` provider).
 
-What counts, as the API and its consumer library define it:
+- A member is a ``ClusterProfile`` in the configured namespaces matching ``label_selector``, not being deleted, with
+  ``ControlPlaneHealthy`` true, named ``<namespace>/<name>``; health changes come by watch, not a 10 s poll.
+- It is reached through the first provider of the operator's file that it offers in ``status.accessProviders``
+  (else the deprecated ``credentialProviders``); one offering none is refused with that message.
+- The profile is untrusted: the only exec command is the operator's; of its ``cluster`` only server, CA data and
+  extensions are taken; ``proxy-url`` and per-profile exec arguments/environment are refused.
 
-- A member is a ``ClusterProfile`` in the configured namespaces, matching ``label_selector``, not being deleted,
-  whose ``ControlPlaneHealthy`` condition is ``True``; it is named ``<namespace>/<name>`` (names are unique per
-  namespace only). An unhealthy profile is not a member until its condition says so: the watch delivers that
-  change, where multicluster-runtime polls it again every 10 s.
-- How to reach it: the operator's access-provider file (the consumer's ``-clusterprofile-provider-file``,
-  ``{"providers": [{"name", "execConfig"}]}``) names, in order, the credential plugins that may run. The first of
-  them the profile offers in ``status.accessProviders`` (or in the deprecated ``status.credentialProviders``, the
-  former preferred for one name) is used: the server, CA and ``proxy-url`` of its clientcmd ``cluster``, and the
-  operator's exec config, run non-interactively, with the cluster's ``client.authentication.k8s.io/exec``
-  extension handed to the plugin (``KUBERNETES_EXEC_INFO``, when the exec config sets ``provideClusterInfo``).
-  A healthy profile that offers none is a member refused with that message, not silently absent.
-- The profile is cluster state, untrusted, as Cluster API state is: the kubeconfig built from it is an
-  ``UntrustedKubeconfig`` whose only exec command is the operator's (``exec_commands``), so nothing a profile says
-  picks the program that runs. Of its ``cluster`` only what the consumer library reads is taken (server, CA data,
-  proxy, extensions): ``insecure-skip-tls-verify`` and file paths are not. A ``proxy-url`` is refused (this
-  client implements no proxy), and the per-profile exec arguments and environment extensions
-  (``clusterprofiles.multicluster.x-k8s.io/exec/additional-*``) are not supported: the file may only leave their
-  policies at ``Ignore``.
-
-Without the API installed the provider waits for it as the Cluster API provider does (``WatchingProvider._served``).
-The file is read once, at start (settings load checks it).
+Without the API installed it waits as the Cluster API provider does. The file is read once, at start.
 """
 
 from __future__ import annotations
@@ -103,20 +87,15 @@ def load_access_providers(path: str) -> tuple[AccessProvider, ...]:
 
 @dataclass(frozen=True)
 class ClusterProfileOptions:
-    """Members from the Cluster Inventory API, table ``[clusters.cluster_profile]``: each ``ClusterProfile``
-    (``multicluster.x-k8s.io``) on the management cluster whose ``ControlPlaneHealthy`` condition is true is a
-    member named ``<namespace>/<name>``, reached through an access provider of ``provider_file``.
+    """Members from the Cluster Inventory API, table ``[clusters.cluster_profile]``: each healthy ``ClusterProfile``
+    on the management cluster, named ``<namespace>/<name>``, reached through an access provider of ``provider_file``.
 
-    - ``provider_file``: the access-provider file (``~`` expanded; required when the provider is listed), in the
-      format of the Cluster Inventory API's consumers (``-clusterprofile-provider-file``): ``{"providers":
-      [{"name": ..., "execConfig": {<client-go exec config>}}]}``. It is the allow-list: a profile is reached
-      through the first provider of the file it offers in ``status.accessProviders``, by running that
-      provider's command; nothing a profile says chooses what runs (profile-sourced arguments and environment
-      are not supported).
+    - ``provider_file``: the access-provider file (``~`` expanded; required when the provider is listed), as the
+      consumers' ``-clusterprofile-provider-file``: ``{"providers": [{"name": ..., "execConfig": {...}}]}``. It is the
+      allow-list: nothing a profile says chooses what runs.
     - ``namespaces``: where the ClusterProfiles are (DNS-1123 labels; ``[]``: all namespaces).
     - ``label_selector``: only ClusterProfiles matching this label selector (``""``: every one).
-    - ``access_providers`` (not a setting): the access providers themselves, instead of ``provider_file``;
-      ``discovery_interval`` (not a setting): how often to look for the API while it is not installed.
+    - Not settings: ``access_providers`` (instead of ``provider_file``), ``discovery_interval``.
     """
 
     provider_file: str = ""

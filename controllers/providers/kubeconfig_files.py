@@ -1,22 +1,10 @@
 """KubeconfigFilesProvider: every context of one or more kubeconfig files as a member (kubectl's contexts as a fleet).
 
-Trusted input, unlike a kubeconfig from cluster state: the files are the operator's own, put on the sidecar's
-filesystem by whoever deploys it (a mounted Secret or ConfigMap, a file next to the process), just as the files
-``kubectl`` reads are its user's. So a context is loaded as ``kubectl`` would load it (``KubeconfigFile``: exec
-plugins of any command, certificate and token file paths, relative to the file), and its name is any non-empty
-string (file contexts are commonly ``arn:aws:eks:...`` or ``user@cluster``), not only a DNS-1123 subdomain.
-
-- A member is named after its context; ``contexts`` (empty: all) picks which. Each context is read from its own
-  file alone: kubectl merges ``$KUBECONFIG``'s files, here a context refers to the clusters and users of its file.
-- Its ``digest`` covers the context entry and the cluster and user entries it names, so editing one context (or
-  its user's token) rotates that member only, and rewriting a file with the same content rotates nothing. Files
-  a context refers to by path (a CA, a token file) are read when connecting, not watched.
-- Files are checked every ``reload_interval`` seconds by ``stat`` (modification time, size, inode: a ConfigMap
-  mount swaps a symlink) and read again only when that changed; a read is a small file, on the event loop.
-- A missing or unparsable file: its contexts leave, ``status()`` says why, logged once per change (not once per
-  check), and it comes back once fixed.
-- One context name in two files: the first file listed holds it, the other is a conflict (kind ``file``, key
-  ``<path> context <name>``).
+The files are the operator's, trusted: a context is loaded as ``kubectl`` would (``KubeconfigFile``), and named by
+any non-empty string. Unlike kubectl, each context reads only its own file. A member's ``digest`` covers its
+context, cluster and user entries, so one edit rotates that member only. Files are re-read when ``stat`` changes
+(checked every ``reload_interval``); a broken file's contexts leave until it is fixed; one context name in two files
+is held by the first file listed.
 """
 
 from __future__ import annotations

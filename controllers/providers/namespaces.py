@@ -1,22 +1,10 @@
-"""HostNamespacesProvider: the namespaces of the management cluster as member clusters (multicluster-runtime's
+"""HostNamespacesProvider: the namespaces of the management cluster as members (multicluster-runtime's
 ``namespace`` provider), for tenants that are namespaces rather than clusters.
 
-Each Namespace matching ``label_selector`` (``None``: every one) is a member named after it, from its creation
-until it is deleted or starts terminating (its objects are going; the controllers stop before they do).
-
-What is shared (multicluster-runtime's shape): a member is a ``NamespaceConnection``. It shares the management
-client (one connection, no credentials read) and the provider's ``NamespaceHost``: one discovering factory over
-every namespace, so one watch and one cache per required GVR for all the members, each member seeing it through
-its namespace's view (``informers.namespace_view``: reads from the namespace index, events routed by namespace,
-synced when the shared informer is). A namespace joining or leaving adds or takes back its view's requirements
-and handlers; the shared informers keep running (one that no member requires any more is stopped by the factory,
-as for any member). The factory is made when the first member comes up and shut down when the last one goes.
-
-Cluster-scoped GVRs are not visible to a namespace member: the shared factory watches namespaced resources only,
-and a controller requiring a cluster-scoped GVR waits, its status saying "excluded: cluster-scoped". The shared
-informers list and watch every namespace (the settings refuse the top-level ``namespace`` with this provider), so
-the sidecar needs list/watch on the required resources cluster-wide, where per-namespace informers needed it per
-namespace.
+Each Namespace matching ``label_selector`` is a member until it is deleted or starts terminating. Members share the
+management client and one ``NamespaceHost``: one watch and cache per required GVR for all of them, each seen
+through its namespace's view (``informers.namespace_view``). Cluster-scoped GVRs are invisible to a member (a
+controller requiring one waits, "excluded: cluster-scoped"), and the sidecar needs list/watch cluster-wide.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """SecretProvider: member clusters from kubeconfig Secrets on the management cluster (skv2's ClusterWatcher,
 multicluster-runtime's kubeconfig provider).
 
-Secrets are selected by label (``kube-syncer.io/kubeconfig=true`` and multicluster-runtime's label by default) or by
-type (skv2's ``solo.io/kubeconfig``), in the configured namespaces; the kubeconfig is under data key
-``kubeconfig``; the cluster is named after the Secret, or its ``kube-syncer.io/cluster-name`` annotation.
-
-Two Secrets naming the same cluster: the oldest (``creationTimestamp``, then namespace/name) holds it, the others
-are conflicts (status, log); nothing is merged or silently overwritten. skv2 keeps whichever event came first, so
-which cluster a name means depends on process history: after a restart, a failover or a handover of the cluster
-to another replica, list order decides, and the name can silently point at another cluster. Here every replica and
-every restart computes the same holder from the Secrets alone (the caches, never an event's payload); when the
-holder changes (it goes, or an older Secret starts naming the cluster) the member rotates to its kubeconfig.
-
-A Secret's kubeconfig is untrusted input (cluster state anyone with Secret write access can set): it is handed on
-as ``UntrustedKubeconfig``, never logged.
+Secrets are selected by label (``kube-syncer.io/kubeconfig=true`` or multicluster-runtime's) or type (skv2's
+``solo.io/kubeconfig``); the kubeconfig is under ``kubeconfig``; the name is the Secret's, or its
+``kube-syncer.io/cluster-name`` annotation. Two Secrets naming one cluster: the oldest holds it, from the cache
+alone, so every replica and restart agrees (skv2 keeps the first event seen). The kubeconfig is untrusted
+(``UntrustedKubeconfig``), never logged.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def start_local_planes(count: int) -> list[Any]:
     """The management control plane and ``count`` workload planes (``workload-<i>``), all started or none.
 
     The workload planes start on threads beside the management one, so N planes take about as long as one; the
-    management plane starts on this thread, so that Ctrl-C interrupts at once as before (the planes still starting
+    management plane starts on this thread, so that Ctrl-C interrupts it at once (the planes still starting
     then die with the process, as every local plane does).
     """
     from ..testing import AssetsError, ControlPlane, ControlPlaneError  # test tooling: only when asked for

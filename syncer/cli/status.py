@@ -99,7 +99,7 @@ def _fleet_tables(doc: dict[str, Any]) -> list[list[tuple[str, ...]]]:
         (c["display_name"], c["state"], "yes" if c["ready"] else "no", c["source"], _problem(c))
         for c in doc["clusters"]]]
     if doc["conflicts"]:
-        # A Secret's claim is shown by the Secret's key alone, as before there were other providers.
+        # A Secret's claim is shown by the Secret's key alone; other claims by their own key.
         tables.append([("CONFLICTING CLAIM", "IGNORED BECAUSE")] + [(c.get("secret") or c["claim"], c["message"])
                                                                     for c in doc["conflicts"]])
     if doc.get("fleet_controllers"):

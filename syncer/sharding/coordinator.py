@@ -1,47 +1,17 @@
 """ShardCoordinator: the replicas of one deployment share its units of work (member clusters, or managed
-controllers). Units are hashed into a fixed number of buckets (``sharding.buckets``; managed controllers, which
-are few, are each a bucket of their own), and each bucket is fenced by its own ``coordination.k8s.io`` Lease, so
-that what the replicas write to coordinate grows with the buckets and the replicas, not with the units. Leader
-election is the one-bucket case of the same rules (``leader.py``, ``lease.py``, ``fences.py``). The group's
-Leases as this replica sees and writes them are ``group.py``'s, the buckets' states and metrics
-``state.py``'s; this module decides.
+controllers), hashed by name into buckets, each fenced by its own Lease: coordination grows with buckets and
+replicas, not units. Leader election is the one-bucket case. ``group.py`` holds the Leases as seen, ``state.py``
+the buckets' states; this module decides.
 
-- Membership: each replica holds a member Lease (``<group>-member-<hash>``, holder = its identity, pod name +
-  uuid); the live members are those seen renewing on this replica's own monotonic clock since its first list of
-  the Leases (``group.py`` says how). A replica decides nothing for two retry periods after that first
-  list (or its return from lapsed renewals), and the others hand it buckets only once they have known it that
-  long.
-- Buckets: a unit's bucket is a hash of its name (``rendezvous.bucket_of``), never of which other units exist, so
-  a bucket held by one replica never gains a unit another still runs. Only buckets with units are assigned and
-  leased. Replicas that hash into different numbers of buckets (a rollout changing the setting) would fence one
-  unit with two Leases: while a live member says another number, this replica takes nothing (it keeps what it
-  holds).
-- Assignment: rendezvous hashing with bounded loads of the (non-empty) buckets over the live members
-  (``rendezvous.py``): every replica computes the same owner for every bucket without talking to the others.
-  Loads are within one bucket of each other; units per replica vary with how many units each bucket has.
-- Fencing: a replica starts a bucket's units only after taking the bucket's Lease, and each unit's fence
-  (``fences.UnitFence``: valid exactly while the bucket's tenure is, ``fences.BucketTenure``: while the last
-  successful renewal is less than ``renew_deadline`` old, checked locally) goes to that unit's controllers and
-  clients. A unit that comes into a held bucket (a new Secret) starts under the held tenure, one that leaves it
-  stops. A bucket whose Lease is not renewed in time, or is taken or deleted, has its units stopped, and is not
-  released; a tenure that lapsed is never revived. A deleted Lease counts, until what it said expires, as if it
-  were still there.
-- Handover: a bucket assigned elsewhere (and held at least ``min_hold``, so a member that blips does not make
-  work flap) has every unit stopped, its queue drained, and only then its Lease released; the new owner sees the
-  release through its Lease watch and takes it at once. multicluster-runtime releases the fence while the old
-  work is still being cancelled. A graceful stop deletes the member Lease first (the others re-assign at once),
-  then hands every bucket over the same way.
-- Takes are decided only on a view of the Lease that is as new as the cached object written over (the cache
-  is filled before its handlers run), and only once the first list has been seen: a decision made on an older
-  view would pass the resourceVersion check and take a bucket from a live holder's hands.
-- No bucket is left unowned: one free for a whole lease duration while assigned to the same member, counted from
-  when that member decides (members that disagree on the set of buckets, as during a rollout that adds a
-  controller, could each leave it to the other), is taken by any live member. It keeps the bucket until its
-  assigned member's Lease shows the same bucket set (then it is handed over as any other: that member takes it).
-  Member Leases of replicas that died are deleted after ten lease durations.
-- Cost: one watch of the group's Leases per replica (holders, releases and expiry are seen there, not polled),
-  and one PUT per held Lease per ``retry_period``: ``(buckets + replicas) / retry_period`` requests per second
-  for the whole deployment at steady state (at most; only buckets with units have a Lease), whatever the units.
+- Live members are those seen renewing on this replica's clock, known for two retry periods before they count;
+  owners come from rendezvous hashing with bounded loads, computed alike everywhere. While a live member uses
+  another bucket count, this replica takes nothing.
+- A bucket's units run only under its Lease's tenure (``fences.UnitFence``); a lapsed tenure is never revived.
+  Handover stops and drains the units before releasing (multicluster-runtime releases while work is cancelled).
+- Takes are decided on a Lease view at least as new as the cache; a bucket unowned for a lease duration is taken
+  by any live member. Cost: ``(buckets + replicas) / retry_period`` PUTs a second, whatever the units.
+
+Over 400 lines: one decision loop; its rules share the buckets' and members' state and must be read together.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """ShardGroup: the Leases of one shard group as a replica sees and writes them: one watch of them all, what was
-observed of each and when, the membership that follows from it, and every Lease write of the coordinator
-(``coordinator.py``) through the one ``LeaseLock``.
+observed of each and when, the membership that follows, and every Lease write of the coordinator.
 
-- Names: a member Lease is ``<group>-member-<hash of the identity>``, a bucket's ``<group>-bucket-<NN>-of-<MM>``
-  (Knative's naming), or without buckets a unit's ``<group>-unit-<slug>-<hash>``, all labelled with the group; a
-  member Lease carries a digest of the (non-empty) buckets its replica sees (``kube-syncer.io/shard-units``), so
-  that the others know whether it computes the same assignment, and how many buckets it hashes units into
-  (``kube-syncer.io/shard-buckets``; none said: 0, a Lease per unit), so that replicas that would fence one unit
-  with two different Leases never both take.
-- Live members are those whose Lease record this replica has seen change within its duration, on its own
-  monotonic clock, and since its first list of the Leases (one that died just before this replica started is not
-  live); this replica counts itself while its own member Lease is renewed in time. After its own renewals lapsed
-  (an outage, a pause) a replica judges every Lease afresh the same way, so the first one back does not take
-  every unit whose holder it could not see renewing; the others, once they have not seen its member Lease change
-  for ``renew_deadline``, count it as new again when it does.
-- A deleted Lease counts, until what it said expires, as if it were still there: its holder may still work
-  until it notices. Member Leases of replicas that died are deleted after ten lease durations, only if not
-  renewed since (a replica that just resumed keeps its Lease).
-- Credentials that may not write Leases (401, RBAC's 403) are remembered until a Lease write succeeds, for the
-  coordinator's health.
+- Names: ``<group>-member-<hash>``, ``<group>-bucket-<NN>-of-<MM>`` (Knative's), or ``<group>-unit-<slug>-<hash>``.
+  A member Lease carries a digest of the buckets its replica sees and its bucket count, so replicas that disagree
+  never both take.
+- Live members: Lease records seen changing within their duration on this replica's monotonic clock, since its
+  first list. After its own renewals lapsed a replica judges every Lease afresh, and the others count it as new.
+- A deleted Lease counts until what it said expires; dead members' Leases are deleted after ten durations.
+- Credentials refused Lease writes (401/403) are remembered for health until a write succeeds.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Rendezvous (highest-random-weight) hashing with bounded loads: which member should own each unit of work.
 
-Every replica computes the same answer from the same units and members, without talking to the others. Each
-unit ranks the members by a weight (a BLAKE2b of member and unit name: stable across processes, unlike the
-salted ``hash()``) and goes to the first one in its ranking that has room (``floor(units / members)``, and one more for the first
-``units % members`` members to fill up); units are placed strongest-preference first. Plain rendezvous hashing spreads 50 units
-over 3 members as 16/16/18 and over 5 as 5..13; with the bound every member is within one of the mean, and adding
-or removing a member still moves little more than the 1/N of the units it must (16 of 50 for 3 -> 4 members,
-where 12.5 is the ideal; assignment by modulo moves almost all). There is no shard number to hand out, so a
-restarted replica cannot end up with none (Argo CD's shard -1).
-
-Units can first be hashed into a fixed number of buckets (``bucket_of``), as Knative's leader-election buckets
-are, and the buckets be what is assigned: the coordination cost then follows the buckets, not the units. A unit's
-bucket depends on its name and the count only, never on which other units exist: a bucket held by one replica must
-not gain a unit that another replica still runs.
+Every replica computes the same answer without talking to the others: each unit ranks members by a BLAKE2b weight
+(stable across processes, unlike ``hash()``) and goes to the first with room (``floor(units / members)``, one more
+for the first ``units % members``), strongest preference first. Loads stay within one of the mean, and a member
+joining or leaving moves little more than its 1/N share. ``bucket_of`` hashes units into a fixed count of buckets
+(as Knative's) by name and count only, so a held bucket never gains a unit another replica still runs.
 """
 
 from __future__ import annotations

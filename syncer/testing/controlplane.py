@@ -1,21 +1,10 @@
 """A real etcd + kube-apiserver on loopback, for tests, examples and local runs.
 
-Every instance has its own temporary directory (``<name>-cp-*``: PKI, tokens, kubeconfig, etcd data, logs) and
-free ports, so several control planes can run side by side. The processes run in their own process group and
-die with the Python process that started them, even if it is SIGKILLed:
-
-- they are spawned with ``PR_SET_PDEATHSIG`` (SIGKILL) by one daemon thread of this module that lives as long
-  as the process. The kernel sends that signal when the *thread* that forked the child exits, so spawning
-  from the caller's thread would kill the apiserver as soon as a short-lived thread (``threading.Thread``,
-  ``asyncio.to_thread``) that called ``restart_apiserver()`` ends.
-- an ``atexit`` hook stops the control planes and removes their directories on a normal exit.
-- a process killed before its ``atexit`` hook ran leaves its directory behind; each directory records its
-  owner (PID, start time, PID namespace), and the next ``ControlPlane`` created by the same user removes the
-  directories whose owner is gone.
-
-By default the apiserver ends open watches as soon as it is told to stop
-(``--shutdown-watch-termination-grace-period``), so it exits in about a second instead of waiting for them
-until it is SIGKILLed; ``graceful_shutdown=True`` keeps kube-apiserver's default shutdown sequence.
+Each instance has its own temporary directory (``<name>-cp-*``) and free ports. Its processes die with the Python
+process, even SIGKILLed: they get ``PR_SET_PDEATHSIG`` and are spawned from one long-lived daemon thread (the
+signal fires when the forking *thread* exits); ``atexit`` cleans up, and directories whose recorded owner is gone
+are removed by the next ``ControlPlane``. The apiserver ends watches at once on stop (exits in about a second);
+``graceful_shutdown=True`` keeps its default sequence.
 """
 
 from __future__ import annotations

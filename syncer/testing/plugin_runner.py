@@ -1,18 +1,10 @@
 """run_plugin: a plugin's controllers, and its webhooks, against a ControlPlane in the test's own event loop.
 
-``async with run_plugin(control_plane, "backup.py", settings) as running:`` runs what ``syncer run`` runs, the
-same ``Syncer`` (``runtime.py``): the plugin loader, the discovering informer factory, the ControllerManager and,
-when the plugin declares webhooks, the webhook server with the managed configurations through which the API server
-calls it. Only the process around it differs: no signal handlers, no logging setup, no event loop of its own. The
-block's end stops it as a SIGTERM would (controllers, informers, the configurations it wrote) and raises what
-made the sidecar fail, if anything did (a ``StartupError``, a controller that ignored its cancellation).
-
-``settings`` are those of a settings file, as a dict (``{"include": [...], "webhooks": {...},
-"plugin_settings": {"backup": {...}}}``), checked as the file would be. What differs from ``syncer run``'s
-defaults, so that tests can run side by side on one control plane: ``http_bind`` and ``webhooks.bind`` on free
-loopback ports, a ``webhooks.configuration_name`` of its own, ``entry_point_plugins = false`` (only the plugins
-named) and ``watch = "required"`` (informers only for the GVRs the controllers require); each can be given.
-``kubeconfig``, ``context`` and ``plugins`` come from the arguments; ``SYNCER_*`` variables apply to the rest.
+``async with run_plugin(control_plane, "backup.py", settings) as running:`` runs the same ``Syncer`` as ``syncer
+run``, without signal handlers, logging setup or a loop of its own; the block's end stops it as SIGTERM would and
+raises what made it fail. ``settings`` are a settings file as a dict; defaults differ so tests can share a control
+plane: free loopback ports, an own ``webhooks.configuration_name``, ``entry_point_plugins = false`` and
+``watch = "required"``.
 """
 
 from __future__ import annotations

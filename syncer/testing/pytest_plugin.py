@@ -1,22 +1,9 @@
-"""pytest fixtures for tests against a real control plane.
+"""pytest fixtures for tests against a real control plane (``pytest_plugins = ["syncer.testing.pytest_plugin"]``).
 
-Enable with ``pytest_plugins = ["syncer.testing.pytest_plugin"]`` in a ``conftest.py``.
-
-- ``control_plane`` (session): one shared ControlPlane.
-- ``control_plane_factory``: ``factory(extra_apiserver_flags=..., graceful_shutdown=False)`` starts a private
-  ControlPlane (for restart, compaction or feature-gate tests, or several clusters at once); all are stopped at
-  the end of the test.
-- ``namespace``: a fresh namespace per test on the shared control plane (deleted afterwards).
-- ``admin_client`` / ``restricted_client``: official ``kubernetes`` ApiClients as the admin / restricted user.
-- ``api_client``: our async ``informers.ApiClient`` as the admin user, per test (in the test's event loop).
-
-A control plane that cannot be built or started fails the test with the reason; it never skips.
-
-pytest-asyncio warns at every run of a project whose configuration does not choose the event loop of async
-fixtures (``asyncio_default_fixture_loop_scope``). ``api_client`` needs the test's own loop, and so does what a
-test awaits with it (``run_plugin``): unless the project's configuration says otherwise, this plugin makes that
-default ``function``, the one pytest-asyncio announces, so that a project with an empty configuration runs
-without the warning.
+``control_plane`` (session, shared), ``control_plane_factory`` (private ones, stopped after the test),
+``namespace`` (fresh per test), ``admin_client``/``restricted_client`` (the ``kubernetes`` package's) and
+``api_client`` (ours, in the test's loop). A control plane that cannot start fails the test, never skips it.
+Unless configured, the async fixtures' loop scope defaults to ``function``: ``api_client`` needs the test's loop.
 """
 
 from __future__ import annotations

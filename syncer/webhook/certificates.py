@@ -1,33 +1,14 @@
 """The webhook server's TLS identity: a certificate from files (hot-reloaded) or a self-signed one of our own.
 
-What differs from controller-runtime's certwatcher and kopf's certificate handling, and why:
+Differs from controller-runtime's certwatcher and kopf:
 
-- Files are polled (mtime, size, inode of each, once a second) rather than watched with inotify: a mounted
-  Secret is updated by swapping a symlink, which inotify on the file itself does not report; a ``stat`` a second
-  costs nothing.
-- A reload builds a complete new ``ssl.SSLContext`` (off the event loop) and swaps it in; the listener's context
-  delegates each new handshake to the current one. controller-runtime swaps the certificate in its
-  ``GetCertificate`` callback, which Python's ``ssl`` has no equivalent of; loading a new chain into the live
-  context (``load_cert_chain`` again) would leave it half-updated when the key does not match yet (a Secret's
-  files written one after the other) and keeps serving an old certificate of another key type (EC after RSA) to
-  clients that prefer it. kopf instead restarts its listener, dropping in-flight requests. Here a pair that does
-  not load is logged and retried at the next poll, and the previous certificate keeps serving meanwhile;
-  connections already open keep theirs.
-- A new certificate from another CA is not served at once when the caller stages CA changes (``stage_ca_changes``:
-  the service does, with managed configurations): it waits as ``pending`` while ``trusted_bundle`` (what the
-  configurations' ``caBundle`` must hold) has both CAs, and is served when the caller ``promote``s it, once the
-  API server trusts both; then ``trusted_bundle`` drops the old CA. A certificate swapped before the API server
-  has the new ``caBundle`` fails every new connection for as long as its configuration takes to load (half a second
-  and more), which kept-alive connections only hide. controller-runtime leaves this to cert-manager's CA injector
-  and the Secret's update order; a certificate of the same CA, or without managed configurations, is served at
-  once. Staging also checks that ``ca.crt`` verifies ``tls.crt`` (one is it, or signed it): files written one after
-  the other are not loaded until they agree.
-- The client CA of mutual TLS is part of the context, so it is reloaded with the certificate. Client
-  certificates are *optional* at the TLS layer and required by the server per request (see ``server.py``), so
-  that the readiness self-dial can handshake without one.
-- Self-signed: our own CA (EC P-256) and a serving certificate for the configured ``hosts`` (DNS names and IP
-  addresses), generated in a thread at start, valid for a year and renewed by a restart; the CA goes into the
-  managed configurations' ``caBundle``.
+- Files are polled by ``stat`` each second: a mounted Secret swaps a symlink, which inotify on the file misses.
+- A reload builds a whole new ``SSLContext`` off the loop and swaps it in (Python has no ``GetCertificate``); a pair
+  that does not load yet keeps the previous one serving. kopf restarts its listener instead.
+- With ``stage_ca_changes``, a certificate from a new CA waits ``pending`` until ``promote``, while
+  ``trusted_bundle`` holds both CAs: serving it before the API server trusts it fails new connections.
+- The mutual-TLS client CA reloads with it; client certificates are optional in the handshake (see ``server.py``).
+- Self-signed: our own CA (EC P-256) and a one-year serving certificate for ``hosts``, made at start.
 """
 
 from __future__ import annotations

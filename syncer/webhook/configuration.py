@@ -1,27 +1,11 @@
 """Managed configurations: the sidecar writes its ``ValidatingWebhookConfiguration`` and
 ``MutatingWebhookConfiguration`` from the plugins' declarations, and proves that the API server calls it.
 
-What differs from controller-runtime (which never writes configurations: kubebuilder generates them, envtest
-installs them) and kopf (which writes them, but then takes any object of that name as its own), and why:
-
-- Only objects labelled ``app.kubernetes.io/managed-by=kube-syncer`` are updated or deleted. An object of the
-  same name without the label belongs to someone else: it is left alone and the error names the setting to
-  change. An object is deleted at shutdown only if this process wrote it last (annotation
-  ``kube-syncer.io/written-by``, and a ``resourceVersion`` precondition), so a replica stopping does not delete
-  what another one has just written.
-- Each object also carries a probe webhook that sees only dry-run ConfigMaps labelled for it, in one namespace,
-  with ``failurePolicy: Ignore``. The API server loads configurations asynchronously, so an object written is no
-  proof that it calls us; a server-side dry run that our probe answers is (envtest only waits for the objects to
-  exist, and other projects retry a dry run of their own resources, which needs an object that passes them). The
-  probe's ``objectSelector`` also wants a nonce label that every write of the object changes, and the dry run
-  carries the nonces last written: an older version of the object, still loaded, does not match it, so the answer
-  proves that the API server uses the object as written last (its ``caBundle`` included, which a CA rotation
-  waits for), not only that it reaches us. The API server builds each object's webhooks from it as a whole
-  (``k8s.io/apiserver`` ``pkg/admission/configuration``), and a new ``clientConfig`` gets a new client
-  (``pkg/util/webhook/client.go`` keys its client cache by it).
-- The configurations point at ``clientConfig.url`` with our CA bundle: the API server reaches the sidecar
-  without a Service (a local control plane, a replica reachable at ``url``). A deployment behind a Service
-  declares its configurations in its manifests instead (and cert-manager injects the CA).
+controller-runtime never writes configurations; kopf takes any object of the name as its own. Here only objects
+labelled ``app.kubernetes.io/managed-by=kube-syncer`` are touched, and one is deleted at shutdown only if this
+process wrote it last. Each carries a probe webhook for dry-run ConfigMaps with a nonce label changed on every
+write: a dry run our probe answers proves the API server uses the object as last written (its ``caBundle`` too).
+Configurations use ``clientConfig.url``; a deployment behind a Service declares them in its manifests instead.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """CRD conversion webhooks: what a plugin declares (``Conversion``), and ConversionReview v1 on the wire.
 
-A plugin's hook ``syncer_conversions(settings) -> list[Conversion]`` declares, per CRD, how objects go from one
-version to another: hub-and-spoke (``hub="v1", spokes={"v2": (v2_to_v1, v1_to_v2)}``: every version converts to
-and from the hub, and spoke to spoke goes through it) or pairwise (``pairs={("v1", "v2"): f, ("v2", "v1"): g}``).
-A converter is ``def convert(obj: dict) -> dict`` (or ``async def``): it gets a copy of the object and returns
-the object of the other version; the ``apiVersion`` is set for it, and the API server keeps the metadata it sent
-(only labels and annotations may change), so a converter deals with ``spec`` and ``status`` only.
-
-What differs from controller-runtime's ``pkg/webhook/conversion``, and why: there, conversion goes through
-typed Go structs that implement ``Hub`` / ``Convertible`` and a scheme; here objects are dicts, so the
-declaration names the versions and their functions directly, and pairwise conversion is allowed too (two
-versions need no hub). As there, a conversion that fails (a converter that raises or returns no dict, a version
-without a converter) is answered with HTTP 200 and a ConversionReview whose ``result`` is a ``Failure`` carrying
-the message, never a 500: the API server passes that message on to the client (``conversion webhook for
-<kind> failed: <message>``, ``apiextensions-apiserver`` ``pkg/apiserver/conversion/webhook_converter.go``). A
-body that is no ConversionReview gets a 400 ``Status``, as controller-runtime answers a request it cannot decode.
-
-Each CRD's webhook is served at ``/convert/<crd name>`` (one path per CRD, so that the CRD's ``clientConfig.url``
-says which declaration answers, whatever kinds the objects are).
+``syncer_conversions(settings)`` declares per CRD either hub-and-spoke (``hub="v1", spokes={"v2": (to_hub,
+from_hub)}``) or pairwise (``pairs={("v1", "v2"): f, ...}``) converters; a converter gets a copy of the object and
+returns the other version (``apiVersion`` is set for it; the API server keeps the metadata). Differs from
+controller-runtime: objects are dicts, so versions and functions are named directly, and pairs need no hub. As
+there, a failed conversion is a 200 ``Failure`` result whose message reaches the client, never a 500. Each CRD is
+served at ``/convert/<crd name>``.
 """
 
 from __future__ import annotations

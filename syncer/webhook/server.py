@@ -1,30 +1,15 @@
 """The webhook server: declared admission webhooks and CRD conversions (``conversion.py``) served over TLS by aiohttp,
 on every replica.
 
-What differs from controller-runtime's webhook server and kopf's, and why:
+Differs from controller-runtime's and kopf's:
 
-- Every failure has its own answer, never a 500 with a stack trace. A body that is no AdmissionReview is a 400
-  (wrong ``Content-Type`` 415, larger than 7 MiB 413, like controller-runtime's limit), each a ``Status`` object
-  whose message says what was wrong. A handler that raises, or returns something that is no verdict (a patch from
-  a validating webhook, a malformed JSON-patch operation), is a *deny* with code 500 and a message naming the
-  error and the request uid, and is logged with the traceback and the uid: the client learns why, the operator
-  finds the log line.
-- A handler that is too slow is cancelled shortly before the API server would give up (``handler_timeout``, from
-  the ``timeout`` the API server puts in the URL, else the declared ``timeoutSeconds``) and answered with a 504
-  ``Status``: the API server treats that as a failed call and applies the webhook's ``failurePolicy`` (``Fail``:
-  the request is rejected and the client reads our "did not answer within" message; ``Ignore``: admitted), as it
-  would after its own timeout, but the handler does not keep running unowned and the message says which handler
-  it was. kopf lets a slow handler run on.
-- With mutual TLS, client certificates are optional in the handshake and required per request (401 without one):
-  a handshake that fails tells the API server nothing, a 401 ``Status`` tells the operator what is missing, and the
-  readiness self-dial needs no client certificate of its own.
-- Each webhook's answers are counted by outcome (allowed, denied, error) with their latency in ``stats``, for
-  ``/status``: a Deny is an HTTP 200, so the request metrics (by path and code, as controller-runtime's) cannot
-  tell a denial from an admission.
-- Each request is a span of the tracing installed when the server is made (``controllers/tracing.py``), the child
-  of the API server's span when its ``traceparent`` says so, with the review's operation, resource and object.
-- ``self_dial`` checks that the listener serves the certificate now loaded (and that the CA bundle, when known,
-  verifies it), as controller-runtime's ``StartedChecker`` dials TLS; see ``service.py`` for the rest of readiness.
+- Every failure has its own ``Status`` answer (400, 413 over 7 MiB, 415), never a 500 trace; a handler that raises
+  or returns no verdict is a deny naming the error and the request uid, logged with both.
+- A slow handler is cancelled just before the API server's ``timeout`` and answered 504, so ``failurePolicy``
+  applies with our message and nothing runs on unowned (kopf lets it run).
+- Client certificates are optional in the handshake and required per request (401), so the failure is explained.
+- Answers are counted per webhook by outcome for ``/status`` (a deny is an HTTP 200); each request is a span.
+- ``self_dial`` checks the listener serves the loaded certificate (controller-runtime's ``StartedChecker``).
 """
 
 from __future__ import annotations

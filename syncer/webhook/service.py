@@ -1,21 +1,10 @@
 """The sidecar's webhook service: certificates, server, managed configurations and readiness, as one unit.
 
-What differs from controller-runtime's webhook server readiness (a TLS dial) and kopf's (none), and why:
-ready means that the API server can use us, which takes two proofs. The TLS self-dial shows the listener serves
-the certificate loaded; with managed configurations, a server-side dry run answered by our probe webhooks shows
-that the API server has picked up the configurations and reaches us with them, which it does asynchronously,
-some time after they are written. Without managed configurations the sidecar cannot make the API server call it
-(and a Service in front of the pods routes only to ready ones), so the self-dial alone decides.
-
-The service runs on every replica, leader or not: the API server calls whichever replica it reaches. Two
-supervised tasks belong to it, cancelled and awaited by ``withdraw()``: the certificate poll (``cert_dir`` only) and
-the upkeep, which dials, writes the configurations, probes until called, and then checks again every 30 s or when
-the certificate changed, rewriting the configurations if someone removed or edited them. The upkeep also carries
-out a CA change in three steps (both CAs in the ``caBundle``, the new certificate served once the probes prove the
-API server uses that bundle, the old CA dropped; see ``certificates.py``).
-
-``withdraw()`` deletes what this process wrote while the server still answers; the sidecar calls it on every exit
-it lives through, including the exit with code 1 that skips the graceful shutdown (``runtime.py``).
+Ready means the API server can use us (controller-runtime: a TLS dial; kopf: nothing): the self-dial shows the
+loaded certificate is served and, with managed configurations, a dry run answered by our probe shows the API server
+has picked them up. It runs on every replica; its certificate poll and upkeep tasks (rewriting edited
+configurations, carrying out CA changes in three steps) are owned and cancelled by ``withdraw()``, which deletes
+what this process wrote on every exit it lives through.
 """
 
 from __future__ import annotations

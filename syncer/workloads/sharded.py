@@ -1,18 +1,10 @@
 """Sharded: with ``[sharding] enabled`` the controllers (or, in multi-cluster mode, the member clusters) are
-spread over every replica, hashed into buckets each under its own Lease (a controller is a bucket of its own;
-``syncer/sharding/coordinator.py``, ``syncer/sharding/units.py``).
+spread over every replica, hashed into buckets each under its own Lease (``syncer/sharding/``).
 
-The coordinator runs for the whole process: it joins once discovery is done, on every replica, whatever the
-election says, and a stop request hands every unit over before anything else stops. Leader election, if on,
-still decides where the singleton work (stores, runnables) runs. Fleet controllers and components need every
-cluster in one process, so they are refused in this mode (``wiring.sharding_refusal``).
-
-Warm standby (``warm_standby``): with controllers as units, a replica keeps watched the GVRs of the controllers
-assigned to it as soon as the assignment says so (``Prepares``), before it takes their Leases: a unit handed over
-by a live replica (scale-up, a rollout) starts on synced caches, as does one whose holder died, if the assignment
-moved before its Lease expired. A dead holder's units are reassigned when its member Lease expires, which is about
-when their own Leases do: that case gains little, and warming every unit everywhere would undo the split of the
-caches. Member clusters as units are not warmed: a member is connected only while its unit is held.
+The coordinator runs for the whole process on every replica, whatever the election says, and a stop hands every
+unit over first; leader election, if on, still places stores and runnables. Fleet controllers and components
+need every cluster in one process, so they are refused. ``warm_standby``: a replica watches the GVRs of
+controllers assigned to it before taking their Leases, so a handed-over unit starts on synced caches.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""Built-in plugin: cached resource replication (seed 004, kcp's ClusterCachedResources).
+"""Built-in plugin: cached resource replication (kcp's ClusterCachedResources).
 
-A ``ClusterCachedResource`` (cluster-scoped, ``cache.kcp.io/v1alpha1``) on the management cluster names a GVR and
-a label selector; every matching object of every source cluster is kept as a ``CachedObject`` wrapper on the
-management cluster (the cache), converging both ways. Load it with ``plugins = ["syncer.builtin.cached_resources"]``
-in multi-cluster mode (``[clusters] enabled``); the sources are the member clusters (the management cluster too with
-``clusters.include_local``). Settings, ``[plugin_settings.cached_resources]``:
-
-- ``sources``: the member clusters to replicate from (``[]``: all);
-- ``identity_namespace``: where generated identity Secrets go (default ``default``);
-- ``install_crds``: install (or update) the two CRDs when the leader starts (default true);
-- ``workers``: reconcile workers per replication (default 2).
-
-The modules: ``naming`` (wrapper names, labels, the one naming function), ``replication`` (one resource's
-replication), ``sources`` (which source cluster keeps its wrappers), ``root`` (the ClusterCachedResource
-controller), ``admission`` (one per GVR), ``reader`` (lookups for consumers). The CRDs are ``crds/`` here (``deploy/crds`` links to them).
+A ``ClusterCachedResource`` (``cache.kcp.io/v1alpha1``) names a GVR and a label selector; every matching object of
+every source (member) cluster is kept as a ``CachedObject`` wrapper on the management cluster. Load it with
+``plugins = ["syncer.builtin.cached_resources"]`` and ``[clusters] enabled``. Settings,
+``[plugin_settings.cached_resources]``: ``sources`` (``[]``: all members), ``identity_namespace`` (default
+``default``), ``install_crds`` (default true), ``workers`` (per replication, default 2).
 """
 
 from __future__ import annotations

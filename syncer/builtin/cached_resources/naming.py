@@ -1,34 +1,14 @@
 """Names, labels and annotations of cached-resource replication: the one place that says what a ``CachedObject``
-wrapper of a source object is called and how it is labelled (seed 004, kcp's ClusterCachedResources).
+wrapper of a source object is called and how it is labelled (kcp's ClusterCachedResources).
 
-Every path (create, update, delete, lookup, the reader) computes a wrapper's name with ``wrapper_name`` and its
-body with ``wrapper_for``; kcp shipped a version whose delete path built a different name than its create path.
-
-Differences from the seed, and why:
-
-- Wrapper names. The seed's ``<version>.<resource>.<group>.<name>`` is kept for a cluster-scoped object of the
-  local cluster (group ``core`` for the core group). The seed has no namespace (its TODO) and one source; here:
-
-  - namespaced: ``<version>.<resource>.<group>.<namespace>.<name>``;
-  - from another cluster ``c``: ``<c>.`` before all that, e.g. ``east.v1.configmaps.core.default.settings``.
-
-  The readable form is used only when it is a DNS-1123 subdomain of at most 253 characters *and* reads back to
-  the same (cluster, namespace, name) for its GVR (the cluster is what precedes the first ``.<schema>.``, the
-  namespace is one DNS label, the name is the rest), so two sources of one GVR never share a readable name even
-  in odd cases (a cluster whose name contains the schema). Otherwise (a name too long, or one such as
-  ``system:admin`` that is no DNS name) it is ``<schema>-<32 hex>``: the schema (cut to fit) for people, then a
-  sha256 of the whole tuple (group, version, resource, cluster, namespace, name). Being ``<schema>-`` and not
-  ``<schema>.``, it never reads back, so it cannot equal a readable name of its GVR either. One ambiguity is the
-  seed's own and stays: a schema that continues another with more dot labels (groups ``apps`` and
-  ``apps.example.io`` with the same version and resource) can give objects of the two one readable name; their
-  labels tell them apart, and ``is_wrapper_of`` (used by the reader) checks them.
-- Label values are limited to 63 characters of a restricted charset, which kcp's labels break on long names (an
-  object name may have 253) and names such as ``system:admin``. ``label_value`` keeps a valid value and replaces
-  any other by a valid, stable stand-in (a prefix and a hash); the full original name, namespace and cluster then
-  go into annotations (``cache.kcp.io/original-{name,namespace,cluster}``) so nothing is lost.
-- Ours: label ``cache.kcp.io/object-cluster`` (the source cluster, ``""`` for the local one), annotations with the
-  original UID and the identity hash next to the seed's original resourceVersion, and ``spec.raw`` holding the
-  whole source object (minus ``managedFields``), as kcp does today.
+Every path names a wrapper with ``wrapper_name`` and builds it with ``wrapper_for``, so create and delete agree.
+Names extend kcp's ``<version>.<resource>.<group>.<name>`` with ``<namespace>.`` before the name and ``<cluster>.``
+in front for other clusters; a readable name is used only if it is a valid DNS subdomain that parses back to the
+same source, else ``<schema>-<32 hex>`` (a sha256 of the tuple), which never parses back. Label values that are not
+valid are replaced by a stable stand-in, the originals kept in ``cache.kcp.io/original-*`` annotations. Ours:
+label ``cache.kcp.io/object-cluster`` and the original UID and identity hash annotations. One ambiguity remains,
+as in kcp: a schema continuing another with more dot labels (``apps``, ``apps.example.io``) can give two objects one
+readable name; ``is_wrapper_of`` checks the labels.
 """
 
 from __future__ import annotations
@@ -81,7 +61,7 @@ _NOT_NAME_CHAR = re.compile(r"[^-a-z0-9.]")
 
 
 def schema(gvr: GVR) -> str:
-    """``<version>.<resource>.<group>``, with ``core`` for the core group: the seed's schema label."""
+    """``<version>.<resource>.<group>``, with ``core`` for the core group: kcp's schema label."""
     return f"{gvr.version}.{gvr.resource}.{gvr.group or CORE_GROUP}"
 
 
@@ -159,7 +139,7 @@ def wrapper_name(gvr: GVR, name: str, namespace: str | None = None, cluster: str
 
 
 def wrapper_labels(gvr: GVR, name: str, namespace: str | None = None, cluster: str = "") -> dict[str, str]:
-    """The labels of a wrapper: the seed's six (schema, group, version, resource, original name and namespace,
+    """The labels of a wrapper: kcp's six (schema, group, version, resource, original name and namespace,
     ``""`` for a cluster-scoped object) and ours, the source cluster (``""`` for the local one); each through
     ``label_value``."""
     return {
@@ -224,7 +204,7 @@ def source_of(wrapper: Mapping[str, Any]) -> tuple[str, str | None, str]:
 def is_wrapper_of(wrapper: Mapping[str, Any], gvr: GVR, name: str, namespace: str | None = None,
                   cluster: str = "") -> bool:
     """Whether ``wrapper`` replicates that very object (its schema labels and source agree), not merely carries
-    its name: the guard against the seed's one ambiguity (see the module docstring)."""
+    its name: the guard against the one ambiguity of readable names (see the module docstring)."""
     if not is_wrapper_of_schema(wrapper, gvr):
         return False
     try:

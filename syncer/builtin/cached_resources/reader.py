@@ -1,11 +1,10 @@
 """CachedObjectReader: how consumers read replicated objects from the cache cluster, through an informer of
-CachedObjects and the labels the wrappers carry (seed 004: "we can get individual object by knowing full gvr +
-name or just schema").
+CachedObjects and the labels the wrappers carry: one object by GVR and name, or every object of a schema.
 
 kcp's consumers read wrappers through listers and its GVR-and-cluster index. Differences, and why:
 
 - One object is found by ``wrapper_name`` (the store's key, since wrappers are cluster-scoped), then checked
-  against its labels and annotations (``is_wrapper_of``), so the seed's one name ambiguity (see ``naming``) can
+  against its labels and annotations (``is_wrapper_of``), so the one ambiguity of readable names (see ``naming``) can
   never return another resource's object.
 - A schema, or a schema in one source cluster, is one index lookup (``INDEX_SCHEMA``), not a scan; ``count`` reads
   the same index, which is what the root controller's ``resourceCounts.cache`` needs without a LIST.

@@ -1,38 +1,16 @@
-"""Replication: one ClusterCachedResource's replication engine (kcp's child "replication" controller of
-ClusterCachedResources): every source object of one GVR that matches a label selector, in every source cluster,
-kept as a ``CachedObject`` wrapper in the cache cluster, converging both ways.
+"""Replication: one ClusterCachedResource's engine (kcp's "replication" controller): each source object of one GVR
+matching a selector, in every source cluster, kept as a ``CachedObject`` wrapper in the cache cluster.
 
-It is a ``FleetLoop`` over the source GVR (the source informer of each cluster joins when synced, leaves when the
-cluster stops serving the GVR or leaves) plus one informer of the wrappers in the cache. A source event and a
-wrapper event both queue the same ``ClusterRequest(cluster, name, namespace)`` (a wrapper maps back to its source
-through ``naming.source_of``), and one reconcile makes the wrapper what the source says.
+A ``FleetLoop`` over the source GVR plus one informer of the wrappers; source and wrapper events queue the same
+``ClusterRequest``, and one reconcile converges the wrapper. Differs from kcp:
 
-Differences from kcp, and why:
-
-- The cache informer is filtered by label to this schema (kcp's own TODO: its global informer watches every
-  CachedObject of every schema, so each replication holds and is woken by all of them).
-- A source that stops matching the selector loses its wrapper (kcp leaves it behind: a selector edit could only
-  ever add). Matching uses the full selector (``matchExpressions`` too), parsed by the caller.
-- A wrapper edited by hand (its ``spec``, or one of our labels or annotations) is restored even when the source's
-  resourceVersion has not changed: kcp skips on the resourceVersion alone, so a hand edit stayed until the source
-  next changed. Labels, annotations, finalizers and owner references added by others are kept.
-- A name taken by a wrapper this cache informer does not hold (its schema label removed by hand, or a create
-  racing the informer) is read with a GET and updated, not retried as a create forever.
-- When a cluster joins, the wrappers recorded for it are revisited: a source deleted while nobody replicated it
-  (or while the cluster was away) has its wrapper removed even when no event of that cluster would say so.
-- A cluster that leaves the replication takes its queued reconciles with it, so the wrappers of a cluster that
-  no longer serves the GVR (its CRD deleted: its objects went with it) or has left the fleet are swept
-  (``sources.Standing``): when a cluster leaves, and every few seconds (for what happened while nobody
-  replicated). A cluster that merely does not answer keeps its wrappers until it does. kcp has one source and
-  no such case.
-- Reconciles start only once the cache informer has synced, so a replication restarted over a replicated state
-  compares every source with its wrapper and writes nothing (a reconcile against a cache still filling would
-  take every wrapper for missing and POST it again).
-- Counts come from the two informers (kcp LISTs the cache on every reconcile).
-- While the cache does not answer, the requests it holds up wait for it to answer again and are then all retried
-  at once; per-item backoff would leave the items that failed most stale for about as long as the outage lasted.
-- ``purge`` lists by label on the cache only: it needs neither the source GVR nor any source cluster, so it works
-  when the source CRD is gone, and it raises while the cache is unreachable, so the caller retries.
+- The cache informer is filtered to this schema; the full selector is used, and a source that stops matching
+  loses its wrapper.
+- A hand-edited wrapper is restored even when the source's resourceVersion is unchanged.
+- Wrappers of a cluster that left, or no longer serves the GVR, are swept; one that does not answer keeps them.
+- Reconciles wait for the cache informer's sync, so a restart over replicated state writes nothing.
+- Requests held up by an unreachable cache are all retried once it answers, not per-item backoff.
+- ``purge`` reads the cache only, so it works once the source CRD is gone.
 """
 
 from __future__ import annotations
@@ -338,7 +316,7 @@ class Replication:
                     return Result(requeue=True)
                 other = ((wrapper.get("metadata") or {}).get("labels") or {}).get(LABEL_SCHEMA)
                 if other is not None and not is_wrapper_of_schema(wrapper, self.gvr):
-                    # The seed's one name ambiguity (see naming): another schema's wrapper has this name. Taking
+                    # The one ambiguity of readable names (see naming): another schema's wrapper has this name. Taking
                     # it over would start a tug of war with that schema's replication.
                     raise TerminalError(f"cached object {name} belongs to schema {other}, not {schema(self.gvr)}")
         if _current(wrapper, desired):

@@ -1,32 +1,11 @@
-"""CachedResources: the root controller of ClusterCachedResources (seed 004, kcp's clustercachedresources
-controller) — one ``Replication`` per ClusterCachedResource, its identity, its status and its deletion.
+"""CachedResources: the root controller of ClusterCachedResources (kcp's clustercachedresources controller): one
+``Replication`` per ClusterCachedResource, its identity, its status and its deletion.
 
-Per ClusterCachedResource (on the management cluster) it validates the GVR (served by some source cluster? its kind
-and scope go into the ``cache.kcp.io/resource-kind``/``-scope`` annotations), resolves the identity (the referenced
-Secret, or one it generates; the hash goes into the status and onto every wrapper), and runs a ``Replication``
-registered as a cluster handler, so replication follows the GVR into every source cluster that serves it and out
-of every one that stops. Status: phase (Initializing, Ready, Conflict, Deleting, Deleted), conditions
-``ResourceValid``, ``IdentityValid``, ``ReplicationStarted``, ``SourcesReachable`` (which source cluster serves
-the GVR, which does not answer and keeps its wrappers, which does not serve it or has left and loses them: see
-``sources``) and ``resourceCounts`` read from the replication's informers. ``Ready`` means replicating: the GVR
-is served somewhere and the caches have synced.
-
-One ClusterCachedResource per GVR: the admission webhook turns away most duplicates, but two created at the same
-moment both pass it (admission cannot be atomic), so this controller decides. The oldest (creationTimestamp, then
-name) replicates; every other one for its GVR gets phase ``Conflict`` naming it and replicates nothing, and does
-not purge when deleted (the wrappers are the winner's). Once the winner is gone (after its own delete flow), the
-next oldest takes over.
-
-Differences from kcp, and why:
-
-- One replication per ClusterCachedResource over every source cluster, started and stopped with what each cluster
-  serves (kcp runs one per shard and starts it whatever the shard serves).
-- The delete flow (Deleting, stop replicating, purge, Deleted, finalizer removed) retries instead of hanging when
-  the source CRD is already gone (the purge reads the cache only) or the cache is down, and its condition says
-  what it waits for.
-- A changed spec (GVR, selector, identity) replaces the replication; the new one removes the wrappers the old
-  selector admitted and the new one does not.
-- The status is written only when it changes, and counts are refreshed every few seconds, never per object.
+It validates the GVR, resolves the identity Secret and runs the replication as a cluster handler, so it follows
+the GVR into and out of each source cluster. ``Ready`` means replicating. Of two for one GVR (admission cannot be
+atomic) the oldest replicates; the others are ``Conflict`` and purge nothing. Differs from kcp: one replication over
+every source cluster, not one per shard; the delete flow retries when the CRD or cache is gone; a changed spec
+replaces the replication; status is written only on change, counts refreshed every few seconds.
 """
 
 from __future__ import annotations
