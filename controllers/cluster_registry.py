@@ -1,26 +1,11 @@
 """ClusterRegistry: the fleet's members, kept in step with what the cluster providers give (skv2's ClusterWatcher and
 ManagerSet, multicluster-runtime's manager of engaged clusters).
 
-Data flows one way: providers (``provider.py``: Secrets, Cluster API, kubeconfig files, the local cluster) ->
-``ProviderSet`` (precedence, conflicts; one name at a time) -> a ``Coordinator`` (which names this replica engages,
-under which fence) -> this registry (one ``Member`` per engaged name, ``member.py``) -> the cluster handlers. Each
-member gets its own API client, its own discovering informer factory (so what runs in a cluster follows what that
-cluster serves) and, through the handlers, its own controllers.
-
-Differences from the anchors, and why:
-
-- Every removal is guarded by identity: a member is only dropped if it is still the one registered under its name,
-  and disengaging cancels its member in whatever phase it is (connecting, retrying, syncing, running). skv2 deletes
-  "the cluster named X" when an old start fails, which can remove its replacement, and keeps retrying a cluster
-  whose Secret is gone.
-- A changed config (rotated credentials, a new endpoint, another Secret holding the name) brings a second connection
-  up and synced first; only then are the handlers told (``add_cluster`` again, same name), and the old connection
-  is stopped after. An identical one (by digest) changes nothing. skv2 tears the cluster down first, leaving a gap
-  in reconciling.
-- Handler calls for one cluster (add, cleanups, remove) run one at a time, in order; another cluster's never wait
-  for them. When a removal returns, everything of the cluster has stopped (``cluster.py``).
-- The members' informer metrics are on ``metrics_registry``, labelled ``cluster`` with the member's name, and leave
-  with the member; ``syncer_cluster_condition`` and ``syncer_clusters`` are ``cluster_metrics.py``'s.
+Providers -> ``ProviderSet`` (precedence, conflicts) -> a ``Coordinator`` (which names this replica engages, under
+which fence) -> one ``Member`` per engaged name (``member.py``) -> the cluster handlers. Unlike skv2: a removal is
+guarded by identity (an old connection never removes its replacement), a changed config brings the new connection
+up and synced before the handlers are told and the old one stops (no gap in reconciling), and one cluster's
+handler calls run in order without making another cluster's wait.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Fleet controllers: one reconcile loop over a GVR in every member cluster that serves it (skv2's multicluster
 ``Loop`` / ``Reconciler`` / ``DeletionReconciler``).
 
-A ``FleetController`` is declared by a plugin; a ``FleetLoop`` runs one while this replica leads. Its informer is
-a ``UnionInformer`` whose subs come from each cluster's discovering factory: cluster C's informer of the GVR joins
-when it has synced and leaves when C stops serving the GVR (its CRD deleted) or leaves the fleet, so the loop sees
-the GVR in exactly the clusters where it exists, as CRDs come and go in each. One work queue is keyed by
-``ClusterRequest(cluster, name, namespace)``; a worker reads the object from that cluster's cache and calls
-``reconcile(cluster, request)``, or ``reconcile_deletion(cluster, request)`` once it is gone.
-
-Differences from the anchors, and why:
-
-- Requests of a cluster that has left (or no longer serves the GVR) are dropped, not retried: multicluster-runtime's
-  "cluster not found" requests looped forever before it learned this.
-- A sub is added and removed by identity: the informer of a previous connection (a rotated kubeconfig) or of a
-  previous CRD leaving late never removes its successor.
-- Retries, requeues, ``TerminalError``, metrics, tracing and the leadership fence work as in the Controller (one
-  loop, ``keyed_loop.py``); ``reconcile`` may be sync in skv2, here it must be a coroutine (a blocking one would
-  stall the process).
+A ``FleetLoop``'s informer is a ``UnionInformer`` of each cluster's informer of the GVR, joining once synced and
+leaving when the cluster stops serving the GVR or leaves; one work queue of ``ClusterRequest(cluster, name,
+namespace)`` calls ``reconcile``, or ``reconcile_deletion`` once the object is gone. Unlike the anchors: requests
+of a cluster that has left are dropped, not retried forever (multicluster-runtime's "cluster not found" loop), subs
+come and go by identity, and ``reconcile`` must be a coroutine.
 """
 
 from __future__ import annotations

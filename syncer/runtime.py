@@ -1,37 +1,17 @@
 """Syncer: the sidecar process — connect, discover, elect a leader, run the workload, serve probes.
 
-Order: HTTP endpoints first (so probes answer), then the API server connection (retried with backoff while
-``/readyz`` says not ready), then discovery (``/readyz`` turns ready, on standby replicas too), then the
-workload (``workload.py``, built once by ``wiring.py`` for the mode): a process-long one (sharding) starts at
-once, on every replica; a per-term one on the leader only, for each leadership term. A stop request
-(SIGTERM/SIGINT) stops a process-long workload first (handing its units over), then the term's work, releases
-the lease and shuts informers down.
+Order: HTTP endpoints (probes answer), the API server connection (retried; ``/readyz`` not ready meanwhile),
+discovery (``/readyz`` ready, standbys too), then the workload (``wiring.py``): a process-long one on every
+replica at once, a per-term one on the leader for each term, under the term's fence. A term recovers the
+plugins' stores, then starts their runnables and the workload; at its end they stop together. Work still running
+``stop_timeout`` after its term ended makes the process exit 1 without releasing the lease (as controller-runtime
+after ``gracefulShutdownTimeout``): only a restart guarantees nothing of the old term acts beside the new leader.
+Whatever ends ``run()``, the webhook configurations this process wrote are deleted first.
 
-Each leadership term is a fence (see ``leader.py``): the term's workload gets it, and with it every controller's
-context. When the term ends, its work is stopped, and the replica rejoins the election only once all of it has
-stopped. Work still running ``stop_timeout`` later (it swallowed the cancellation) makes the process exit with
-code 1 and a line naming it, without releasing the lease, as controller-runtime does after
-``gracefulShutdownTimeout``: a restart is the only way to be sure nothing of the old term acts next to the new
-leader. (With election off there is no lease; the line says so.) Whatever ends ``run()``, that exit included,
-the webhook configurations this process wrote are deleted first (within 5 s): they point at a server that dies
-with the process. Background tasks run under a Supervisor; ``/healthz`` fails naming any that died or is wedged.
-
-A leadership term runs in seed 001's order: the plugins' stores recover (each retried with backoff until it
-does, see ``runnables.py``), then their runnables and the term's workload start; a term that ends first cancels
-the recovery. At the end of a term, the workload and runnables stop together, within the same bound. The
-admission webhook server (``webhook/``) runs on every replica from the start, leader or not, and ``/readyz``
-waits for it.
-
-Warm standby (``warm_standby``, on by default) with leader election: from discovery on, every replica declares
-the GVRs its per-term workload will read (``standby_gvrs``) to the local factory under ``WARM_STANDBY``, so their
-informers list and watch while it stands by, and a new leader's controllers start on synced caches: no list
-after failover (with ``watch = "all"`` they are watched anyway; this matters for ``"required"`` and
-metadata-only GVRs). It keeps them across terms and until shutdown. Unlike controller-runtime's warm replicas
-(``EnableWarmup``), which also start each controller's event sources and queue, the controllers themselves are
-created only when the term starts (``create`` is plugin code, which may act): their handlers then replay the
-synced cache from memory. Like them, a standby pays its own list and watch load and cache memory; ``/readyz``
-does not wait for the sync. A workload that keeps more than local GVRs warm (a fleet's members) is a ``Standby``:
-warmed after discovery, cooled at shutdown.
+Warm standby (``warm_standby``): from discovery on, a replica keeps synced the informers its next term reads
+(``standby_gvrs``; a ``Standby`` workload warms its members too), so a new leader lists nothing. Unlike
+controller-runtime's ``EnableWarmup``, controllers are created only when the term starts (``create`` is plugin
+code, which may act); their handlers replay the synced cache from memory.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""Where each source cluster stands with a replicated GVR, and so what becomes of its wrappers.
+"""Where each source cluster stands with a replicated GVR, and so whether its wrappers stay.
 
-A replication keeps a cluster's wrappers current only while that cluster's informer of the GVR is in its union.
-When the informer leaves (the cluster stops serving the GVR, or leaves the fleet) the reconciles still queued for
-it are dropped, and a cluster that is never seen again would leave its wrappers behind for good. So every
-cluster a wrapper names is given a ``Standing``, which says whether its wrappers stay:
-
-- ``Serving``: its informer is in the replication and it answers; its reconciles keep its wrappers.
-- ``NotServed``: the last discovery pass that succeeded there does not list the GVR, or the CRD behind it is gone
-  from its CRD cache. It has no such objects, so its wrappers are removed.
-- ``Left``: it is no source any more (its kubeconfig Secret deleted, or not in ``sources``); its wrappers are
-  removed.
-- ``Unreachable``: its Secret is there, but it is not connected (still connecting, retrying) or it stopped
-  answering. What it holds is unknown, so its wrappers are kept, as they were last seen, until it answers.
-- ``Pending``: it serves the GVR, but its informer is not in the replication (yet): starting, not permitted, or
-  the fleet's Secrets are still being read. Kept.
+A cluster's wrappers are kept current only while its informer is in the replication's union; every cluster a
+wrapper names gets a ``Standing``: ``Serving`` (kept current), ``NotServed`` (its last discovery or CRD cache says
+it has no such objects: removed), ``Left`` (no source any more: removed), ``Unreachable`` (what it holds is unknown:
+kept as last seen) or ``Pending`` (serves it, informer not in yet: kept).
 """
 
 from __future__ import annotations
