@@ -21,9 +21,9 @@ from informers import GVR, ApiClient, FuncHandler, SharedIndexInformer, drop_man
 from informers.store import DeletedFinalStateUnknown, Obj, deleted_key
 
 from ..cluster import display_name
-from ..provider import Changed, ClusterConfig, Conflict, UntrustedKubeconfig
+from ..provider import ClusterConfig, Conflict, UntrustedKubeconfig
 from .claims import ConflictLog, oldest_first, secret_data
-from .watching import or_all
+from .watching import ProviderState, WatchingProvider, or_all
 
 SECRETS = GVR("", "v1", "secrets")
 DEFAULT_LABEL_SELECTORS = ("kube-syncer.io/kubeconfig=true", "sigs.k8s.io/multicluster-runtime-kubeconfig=true")
@@ -45,17 +45,15 @@ class SecretOptions:
     name_annotation: str = NAME_ANNOTATION
 
 
-class SecretProvider:
+class SecretProvider(WatchingProvider):
     """The clusters named by the kubeconfig Secrets of ``management`` (see the module)."""
-
-    name = "secrets"
 
     def __init__(self, management: ApiClient, options: SecretOptions = SecretOptions(), *,
                  component: str = "clusters") -> None:
+        super().__init__("secrets")
         self.options = options
         self._management = management
         self._component = component
-        self._changed: Changed = lambda _: None
         self._claims: dict[str, str] = {}  # secret key -> the cluster name it gives (valid or not)
         self._conflicts = ConflictLog(component)
         self._informers = [self._informer(ns, sel, typ) for ns in or_all(options.namespaces)
@@ -104,23 +102,25 @@ class SecretProvider:
         return {"watching": [_describe(inf) for inf in self._informers],
                 "synced": all(inf.has_synced() for inf in self._informers)}
 
-    async def start(self, changed: Changed) -> None:
-        """Start the Secret informers; ``changed`` hears of every cluster name a Secret gives or gave."""
-        self._changed = changed
-        for inf in self._informers:
-            inf.start()
-
     async def wait_synced(self, timeout: float) -> bool:
         """Whether every Secret informer listed within ``timeout`` (those late are named in the log)."""
-        results = await asyncio.gather(*(inf.wait_for_sync(timeout) for inf in self._informers))
-        if not all(results):
-            logger.bind(component=self._component).warning(
-                "kubeconfig secrets not listed within {:g}s ({}); registering those listed so far", timeout,
-                ", ".join(_describe(inf) for inf, ok in zip(self._informers, results) if not ok))
-        return all(results)
+        if await super().wait_synced(timeout):
+            return True
+        logger.bind(component=self._component).warning(
+            "kubeconfig secrets not listed within {:g}s ({}); registering those listed so far", timeout,
+            ", ".join(_describe(inf) for inf in self._informers if not inf.has_synced()))
+        return False
 
-    async def stop(self) -> None:
-        """Stop the Secret informers."""
+    async def _watch_source(self) -> None:
+        """The Secret informers, started and listed (no discovery: Secrets are always served)."""
+        self.state = ProviderState.WATCHING
+        for inf in self._informers:
+            inf.start()
+        await asyncio.gather(*(inf.wait_for_sync() for inf in self._informers))
+        self._synced.set()
+        await asyncio.Future()
+
+    async def _release(self) -> None:
         for inf in self._informers:
             await inf.stop()
 
@@ -138,7 +138,7 @@ class SecretProvider:
                     "it is ignored", key, self.options.name_annotation, name)
         for cluster in dict.fromkeys(n for n in (previous, name) if n is not None and CLUSTER_NAME.match(n)):
             self._report(cluster)
-            self._changed(cluster)
+            self._tell(cluster)
 
     def _report(self, cluster: str) -> None:
         """Log the Secrets that lose ``cluster``'s name (once each), as the caches have it after an event."""
