@@ -58,10 +58,18 @@ class ClusterRequest:
 
 @runtime_checkable
 class FleetReconciler(Protocol):
-    """``async reconcile(cluster, request) -> Result | None``; it may also define ``async
-    reconcile_deletion(cluster, request) -> Result | None``, called once the object is gone from that cluster."""
+    """``async reconcile(cluster, request) -> Result | None``; one that is also a ``DeletionReconciler`` is called
+    once the object is gone from that cluster."""
 
     async def reconcile(self, cluster: str, request: Request) -> Result | None: ...
+
+
+@runtime_checkable
+class DeletionReconciler(Protocol):
+    """A fleet reconciler that also handles deletions (skv2's ``DeletionReconciler``): ``async
+    reconcile_deletion(cluster, request) -> Result | None``."""
+
+    async def reconcile_deletion(self, cluster: str, request: Request) -> Result | None: ...
 
 
 class FleetContext:
@@ -226,7 +234,7 @@ class FleetLoop:
         self.queue = WorkQueue(self.name, self._rate_limiter, self._metrics_registry, prioritized=self._prioritized)
         reconciler = await self._create()
         reconcile = reconciler.reconcile
-        deletion = getattr(reconciler, "reconcile_deletion", None)
+        deletion = reconciler.reconcile_deletion if isinstance(reconciler, DeletionReconciler) else None
 
         async def handle(item: ClusterRequest) -> Result | None:
             still_in_term(self.fence)

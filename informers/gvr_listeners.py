@@ -14,7 +14,7 @@ from typing import Any, Literal, Mapping, Protocol
 from loguru import logger
 
 from .gvr import GVR
-from .shared_informer import SharedIndexInformer
+from .shared_informer import SharedIndexInformer, optional_method
 
 Event = Literal["on_gvr_added", "on_gvr_synced", "on_gvr_removed"]
 
@@ -40,7 +40,7 @@ class _Listener:
     async def _run(self) -> None:
         while True:
             method, args = await self.queue.get()
-            fn = getattr(self.handler, method, None)
+            fn = optional_method(self.handler, method)
             if fn is None:
                 continue
             try:

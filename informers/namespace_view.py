@@ -22,7 +22,7 @@ from .discovery_triggers import APISERVICES, CRDS, DiscoveryTriggers
 from .gvr import GVR
 from .gvr_listeners import GVRHandler
 from .lister import Lister
-from .shared_informer import EventHandler, FuncHandler, HandlerRegistration, SharedIndexInformer
+from .shared_informer import EventHandler, FuncHandler, HandlerRegistration, SharedIndexInformer, optional_method
 from .source import RemovalHook, Subscription
 from .store import NAMESPACE_INDEX, IndexFunc, Obj, Store
 from .supervisor import Supervisor
@@ -178,7 +178,7 @@ class _ViewedGVRHandler:
         self.source, self.handler = source, handler
 
     def _call(self, method: str, gvr: GVR, *informer: SharedIndexInformer) -> Any:
-        fn = getattr(self.handler, method, None)
+        fn = optional_method(self.handler, method)
         if fn is None or gvr.full in _TRIGGERS:
             return None
         return fn(gvr, *(self.source.view(gvr, inf) for inf in informer))

@@ -76,8 +76,14 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     return True
 
 
+def optional_method(handler: Any, method: str) -> Callable[..., Any] | None:
+    """``handler``'s ``method``, or None: event and GVR handlers are duck-typed with every method optional (as
+    client-go's ``ResourceEventHandlerFuncs`` with nil funcs); the one place one is looked up."""
+    return getattr(handler, method, None)
+
+
 def _bind(handler: Any, method: str) -> tuple[Callable[..., Any] | None, bool]:
-    fn = getattr(handler, method, None)
+    fn = optional_method(handler, method)
     return fn, bool(fn is not None and inspect.iscoroutinefunction(fn))
 
 

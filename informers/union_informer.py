@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .metrics import MetricSet
-from .shared_informer import EventHandler, FuncHandler, HandlerRegistration
+from .shared_informer import EventHandler, FuncHandler, HandlerRegistration, optional_method
 from .store import DeletedFinalStateUnknown, Obj
 from .union_lister import ClusterNotFound, SubLister, UnionLister
 from .wait import wait_first
@@ -100,7 +100,7 @@ def _bind_cluster(method: str, fn: Callable[..., Any], cluster: str) -> Callable
 
 def _for_cluster(handler: Handler, cluster: str) -> EventHandler | FuncHandler:
     """``handler`` itself if no method asks for the cluster, else a FuncHandler with ``cluster`` bound in."""
-    fns: list[Callable[..., Any] | None] = [getattr(handler, m, None) for m in _METHODS]
+    fns: list[Callable[..., Any] | None] = [optional_method(handler, m) for m in _METHODS]
     bound = [_bind_cluster(m, fn, cluster) if fn is not None and _takes_cluster(fn) else fn
              for m, fn in zip(_METHODS, fns)]
     if bound == fns:
