@@ -309,19 +309,19 @@ class SharedIndexInformer:
 
     def _reflector_error(self, e: Exception) -> None:
         for listener in self._error_listeners:
-            self._call_listener(listener, e)
+            self._call_listener("error", listener, e)
 
     def _reflector_recovered(self) -> None:
         for listener in self._recovery_listeners:
-            self._call_listener(listener)
+            self._call_listener("recovery", listener)
 
-    def _call_listener(self, listener: Callable[..., None], *args: Any) -> None:
+    def _call_listener(self, kind: str, listener: Callable[..., None], *args: Any) -> None:
         try:
             listener(*args)
         except Exception:
             logger.bind(gvr=self._gvr_label).exception(
-                "listener {} of {} failed ({!r})", getattr(listener, "__qualname__", repr(listener)), self.gvr,
-                args[0] if args else "recovered")
+                "{} listener {} of {} failed ({!r})", kind, getattr(listener, "__qualname__", repr(listener)),
+                self.gvr, args[0] if args else "recovered")
 
     # -- handlers ----------------------------------------------------------------------------------------
     def add_event_handler(
