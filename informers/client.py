@@ -159,7 +159,8 @@ class ApiClient:
         (``informers.tls``). Raises ``ssl.SSLError`` when the CA or the client certificate is unusable: a caller
         may check a configuration this way before connecting.
         """
-        return self._ssl(tls.H2_ALPN if self.http2 else ()) or None
+        context = self._ssl(tls.H2_ALPN if self.http2 else ())
+        return context if isinstance(context, ssl.SSLContext) else None
 
     @property
     def connections(self) -> int:
