@@ -3,7 +3,7 @@ one per-cluster ConfigMap controller) against the client-go peer, N members, one
 
     .venv/bin/python bench/fleet_sidecar_bench.py [--clusters 200] [--objects 20] [--rounds 2] \
         [--peer-bin bench/out/clientgo_multicluster] [--profile bench/out/bringup.svg] [--profile-rate 200] \
-        [--native] [--json OUT] \
+        [--native] [--extra-settings 'uvloop = false\\n'] [--json OUT] \
         [--old-tree /tmp/old-tree]
 
 Two local control planes: management (the members' kubeconfig Secrets) and workload (every member's kubeconfig
@@ -146,7 +146,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     settings = OUT / f"fleet-sidecar-{tag}.toml"
                     settings.write_text(
                         f'kubeconfig = "{kubeconfig}"\nplugins = ["{BENCH / "plugins_fleet_probe.py"}"]\n'
-                        f'http_bind = "127.0.0.1:{port}"\n[clusters]\nenabled = true\nnamespaces = ["{ns}"]\n')
+                        f'http_bind = "127.0.0.1:{port}"\n{args.extra_settings}[clusters]\nenabled = true\nnamespaces = ["{ns}"]\n')
                     tree = Path(args.old_tree) if name == "sidecar-old" else ROOT
                     p = Sidecar(name, [sys.executable, "-m", "syncer", "run", "--settings", str(settings)], log, port,
                                 tree)
@@ -185,6 +185,8 @@ def main() -> None:
     p.add_argument("--profile", help="py-spy flame graph of the sidecar's first bring-up (SVG path)")
     p.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--native", action="store_true", help="py-spy --native: C frames too (OpenSSL, orjson, ...)")
+    p.add_argument("--extra-settings", default="", type=lambda s: s.replace("\\n", "\n"),
+                   help="top-level TOML lines for the sidecars (\\n for a newline), e.g. uvloop = false")
     p.add_argument("--json", default=str(OUT / "fleet-sidecar.json"))
     p.add_argument("--old-tree", help="another checkout whose sidecar runs too (contender sidecar-old)")
     args = p.parse_args()

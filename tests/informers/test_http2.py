@@ -382,3 +382,21 @@ async def test_credentials_are_sent_never_indexed(monkeypatch) -> None:
         assert all(isinstance(h, hpack.HeaderTuple) for h in event.headers)
     assert all(name != b"authorization" for name, _ in server.decoder.header_table.dynamic_entries)
     assert any(name == b"user-agent" for name, _ in server.decoder.header_table.dynamic_entries)
+    # The Huffman codes every connection shares (a new connection's first requests) never hold a credential.
+    from informers.http2 import _SHARED_HUFFMAN
+    assert any(b"kube-syncer" in (value or b"") for value in _SHARED_HUFFMAN._codes)
+    assert not any(b"planted-token" in (value or b"") for value in _SHARED_HUFFMAN._codes)
+
+
+def test_header_blocks_are_hpacks_own_with_the_shared_huffman_codes() -> None:
+    """A connection's header blocks are byte for byte hpack's own, whether its Huffman codes are new or shared."""
+    import hpack
+
+    from informers.http2 import _Encoder
+
+    def blocks(encoder: hpack.Encoder) -> list[bytes]:
+        return [encoder.encode([(b":method", b"GET"), (b":path", path), (b"user-agent", b"kube-syncer/1 (linux)"),
+                                hpack.NeverIndexedHeaderTuple(b"authorization", b"Bearer t0ken")])
+                for path in (b"/version", b"/api", b"/api/v1/namespaces/x/configmaps?watch=1", b"/api")]
+
+    assert blocks(_Encoder()) == blocks(_Encoder()) == blocks(hpack.Encoder())
