@@ -276,6 +276,8 @@ class H2Connection(asyncio.Protocol):
             elif kind is h2.events.WindowUpdated:
                 self._window_opened(event.stream_id)  # type: ignore[attr-defined]
             elif kind is h2.events.RemoteSettingsChanged:
+                _compact(self._h2.local_settings)
+                _compact(self._h2.remote_settings)
                 if not self._settled.done():
                     self._settled.set_result(None)
                 self._window_opened(0)
@@ -457,6 +459,22 @@ class _DrainingH2(h2.connection.H2Connection):
         if frame.error_code == h2.errors.ErrorCodes.NO_ERROR:
             self.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
         return frames, events
+
+
+class _Values(list):  # type: ignore[type-arg]
+    """One setting's values in h2's ``Settings`` (the current one first, then those not acknowledged yet), in a list
+    instead of h2's deque: a deque is 760 bytes even for its one value, and a connection keeps about a dozen."""
+
+    def popleft(self) -> Any:
+        return self.pop(0)
+
+
+def _compact(settings: h2.settings.Settings) -> None:
+    """Put ``settings``' values in ``_Values`` (h2 adds a deque for a setting the server names the first time)."""
+    values = settings._settings
+    for key, value in values.items():
+        if not isinstance(value, list):
+            values[key] = _Values(value)  # type: ignore[assignment]
 
 
 class _SharedHuffman(hpack.huffman.HuffmanEncoder):
