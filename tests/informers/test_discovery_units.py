@@ -165,3 +165,21 @@ def test_trigger_view_keeps_what_the_triggers_read_and_drops_schemas() -> None:
     aggregated = {**local, "spec": {**local["spec"], "service": {"name": "apps", "namespace": "x"}}}
     assert _apiservice_changed(local_view, trigger_view(aggregated))
     assert _apiservice_changed(trigger_view(aggregated), local_view)
+
+
+async def test_members_of_one_kind_of_cluster_share_what_discovery_found() -> None:
+    """Two clients' results hold the same ResourceInfo and GVR objects (interned), not one copy each."""
+    from informers import DiscoveryClient
+
+    aggregated = {"kind": "APIGroupDiscoveryList", "items": [{"metadata": {"name": "apps"}, "versions": [
+        {"version": "v1", "resources": [{"resource": "deployments", "responseKind": {"kind": "Deployment"},
+                                         "scope": "Namespaced", "verbs": ["list", "watch"]}]}]}]}
+
+    class Server:
+        async def request(self, method: str, path: str, headers: Any = None, timeout: float | None = None) -> Any:
+            return json.loads(json.dumps(aggregated if path == "/apis" else {**aggregated, "items": []}))
+
+    one, two = [await DiscoveryClient(Server()).discover() for _ in range(2)]  # type: ignore[arg-type]
+    [(gvr_one, info_one)] = one.resources.items()
+    [(gvr_two, info_two)] = two.resources.items()
+    assert info_one is info_two and gvr_one is gvr_two is info_one.gvr
