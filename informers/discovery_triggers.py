@@ -6,8 +6,9 @@ aggregated APIServices (an aggregated API coming or going changes what is served
 and the CRD cache is the authority on CRD identity: its uid tells a CRD deleted and recreated between two
 passes from the one an informer was started for, and it outruns discovery when a CRD is deleted.
 
-The informers come from a provider: the factory's own (shared) informer when its filter watches CRDs or
-APIServices anyway, so each is cached once, else a private one. Without permission to watch them the
+The informers come from a provider: the factory's own (shared) informer when it watches CRDs or APIServices
+anyway (``watch="all"`` and its filter selects them), so each is cached once, else a private one holding
+``trigger_view``s. Without permission to watch them the
 factory relies on its periodic pass, at its short period; a trigger that cannot watch yet because the server is unreachable
 does not hold up the start, keeps trying, and asks for a pass once it has synced.
 """
