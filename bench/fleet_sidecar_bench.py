@@ -2,7 +2,8 @@
 one per-cluster ConfigMap controller) against the client-go peer, N members, one after the other in one run.
 
     .venv/bin/python bench/fleet_sidecar_bench.py [--clusters 200] [--objects 20] [--rounds 2] \
-        [--peer-bin bench/out/clientgo_multicluster] [--profile bench/out/bringup.svg] [--json OUT] \
+        [--peer-bin bench/out/clientgo_multicluster] [--profile bench/out/bringup.svg] [--profile-rate 200] \
+        [--native] [--extra-settings 'uvloop = false\\n'] [--json OUT] \
         [--old-tree /tmp/old-tree]
 
 Two local control planes: management (the members' kubeconfig Secrets) and workload (every member's kubeconfig
@@ -82,7 +83,7 @@ class Sidecar(Proc):
 
 
 async def bring_up(mgmt: ApiClient, p: Proc, namespace: str, data: bytes, clusters: int,
-                   profile: str | None) -> dict[str, float]:
+                   profile: str | None, profile_rate: int = 200, native: bool = False) -> dict[str, float]:
     await mgmt.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
     await p.start()
     await asyncio.sleep(3)
@@ -91,7 +92,8 @@ async def bring_up(mgmt: ApiClient, p: Proc, namespace: str, data: bytes, cluste
     spy = None
     if profile:
         spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(p.proc.pid),  # type: ignore[union-attr]
-                                "-o", profile, "--rate", "200", "--nonblocking",
+                                "-o", profile, "--rate", str(profile_rate),
+                                *(["--native"] if native else ["--nonblocking"]),  # native stacks need the process paused
                                 *(["--format", "raw"] if profile.endswith(".txt") else [])],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await asyncio.sleep(1)
@@ -144,7 +146,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     settings = OUT / f"fleet-sidecar-{tag}.toml"
                     settings.write_text(
                         f'kubeconfig = "{kubeconfig}"\nplugins = ["{BENCH / "plugins_fleet_probe.py"}"]\n'
-                        f'http_bind = "127.0.0.1:{port}"\n[clusters]\nenabled = true\nnamespaces = ["{ns}"]\n')
+                        f'http_bind = "127.0.0.1:{port}"\n{args.extra_settings}[clusters]\nenabled = true\nnamespaces = ["{ns}"]\n')
                     tree = Path(args.old_tree) if name == "sidecar-old" else ROOT
                     p = Sidecar(name, [sys.executable, "-m", "syncer", "run", "--settings", str(settings)], log, port,
                                 tree)
@@ -157,7 +159,8 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                 for n in (contenders if r % 2 == 0 else contenders[::-1]):  # A B C, then C B A
                     ns = f"fsb-{n.replace('-', '')}-{r}"
                     profile = args.profile if (args.profile and n == "sidecar" and not rounds[n]) else None
-                    res = await bring_up(mgmt, make(n, ns, f"r{r}"), ns, data, args.clusters, profile)
+                    res = await bring_up(mgmt, make(n, ns, f"r{r}"), ns, data, args.clusters, profile,
+                                         args.profile_rate, args.native)
                     rounds[n].append(res)
                     print(json.dumps({"round": r, "contender": n, **{k: round(v, 3) for k, v in res.items()}}),
                           file=sys.stderr, flush=True)
@@ -180,6 +183,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--peer-bin", help="a built bench/clientgo_multicluster (default: go build it)")
     p.add_argument("--profile", help="py-spy flame graph of the sidecar's first bring-up (SVG path)")
+    p.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
+    p.add_argument("--native", action="store_true", help="py-spy --native: C frames too (OpenSSL, orjson, ...)")
+    p.add_argument("--extra-settings", default="", type=lambda s: s.replace("\\n", "\n"),
+                   help="top-level TOML lines for the sidecars (\\n for a newline), e.g. uvloop = false")
     p.add_argument("--json", default=str(OUT / "fleet-sidecar.json"))
     p.add_argument("--old-tree", help="another checkout whose sidecar runs too (contender sidecar-old)")
     args = p.parse_args()

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Union
 
 import orjson
 
-from . import kubeconfig
-from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin, load_client_certificate
+from . import kubeconfig, tls
+from .credentials import DEFAULT_TIMEOUT, Credential, ExecPlugin
 from .errors import ApiError, FenceError
 from .request_metrics import NO_ANSWER, RequestCounts, track, untrack
 from .request_tracing import request_tracer
@@ -91,6 +91,7 @@ class ApiClient:
         self.http2 = not os.environ.get("DISABLE_HTTP2") if http2 is None else http2
         self._transport: Transport | None = None
         self._session_cert: str | None = None
+        self._context: ssl.SSLContext | None = None  # the last one made: kept, so that it stays shared (tls.py)
         self._next_refresh = 0.0
 
     # -- construction ------------------------------------------------------------------------------------
@@ -119,25 +120,20 @@ class ApiClient:
         return cls(configuration)
 
     # -- session -----------------------------------------------------------------------------------------
-    def _ssl(self) -> ssl.SSLContext | bool:
+    def _ssl(self, alpn: tuple[str, ...] = ()) -> ssl.SSLContext | bool:
         c = self.configuration
         if not self.host.startswith("https"):
             return False
-        ctx = ssl.create_default_context(cafile=c.ssl_ca_cert or None, cadata=self._ca_data)
         credential = self.exec_plugin.current if self.exec_plugin is not None else None
         # A client certificate from the exec plugin wins over the kubeconfig's, as in the kubernetes package.
         self._session_cert = credential.client_cert if credential is not None else None
-        if self._session_cert is not None:
-            load_client_certificate(ctx, self._session_cert)
-        elif self._client_cert is not None:
-            load_client_certificate(ctx, self._client_cert)
-        elif c.cert_file:
-            ctx.load_cert_chain(c.cert_file, c.key_file)
-        if not c.verify_ssl:
-            # Only when the kubeconfig says insecure-skip-tls-verify.
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        self._context = tls.client_context(
+            cafile=c.ssl_ca_cert, cadata=self._ca_data,
+            client_cert=self._session_cert if self._session_cert is not None else self._client_cert,
+            cert_file=c.cert_file, key_file=c.key_file,
+            verify=c.verify_ssl,  # False only when the kubeconfig says insecure-skip-tls-verify
+            alpn=alpn)
+        return self._context
 
     def _get_transport(self) -> Transport:
         if self._transport is None:
@@ -146,16 +142,26 @@ class ApiClient:
                                       self.user_agent)
 
             if self.http2 and self.host.startswith("https"):
-                self._transport = Http2Transport(self.host, self._ssl_context, self._tls_server_name,
+                self._transport = Http2Transport(self.host, self._h2_context, self._tls_server_name,
                                                  self._connect_timeout, self.user_agent, http1)
             else:
                 self._transport = http1()
         return self._transport
 
-    def _ssl_context(self) -> ssl.SSLContext:
-        context = self._ssl()
+    def _h2_context(self) -> ssl.SSLContext:
+        context = self._ssl(tls.H2_ALPN)
         assert isinstance(context, ssl.SSLContext)
         return context
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of this client's next connection (None for an ``http://`` server).
+
+        One context per distinct CA and credential set in the process, shared by every client that has the same
+        (``informers.tls``). Raises ``ssl.SSLError`` when the CA or the client certificate is unusable: a caller
+        may check a configuration this way before connecting.
+        """
+        context = self._ssl(tls.H2_ALPN if self.http2 else ())
+        return context if isinstance(context, ssl.SSLContext) else None
 
     @property
     def connections(self) -> int:

@@ -114,8 +114,11 @@ class DiscoveringDynamicSharedInformerFactory:
         self.informer_set = InformerSet(inner, self._notifier, self.loop.trigger, o.removal_timeout, name)
         self.demand = Demand()
         # A trigger needs every object, whole: a selector or a transform of the user's would hide some. A shared
-        # one is asked for with for_resource, so it is watched whether or not anybody requires it.
-        shareable = o.label_selector is None and o.transform in (None, drop_managed_fields)
+        # one is asked for with for_resource, so it is watched whether or not anybody requires it. With
+        # watch="required" the factory would not watch them for anyone else: the triggers' own informers keep only
+        # what they read (trigger_view: ~50 KiB less in every fleet member), at the cost of a second watch of
+        # CRDs or APIServices while a consumer requires them whole.
+        shareable = o.watch == "all" and o.label_selector is None and o.transform in (None, drop_managed_fields)
         providers: dict[GVR, InformerProvider] = {
             gvr: self if shareable and self._selects(gvr) and gvr not in o.field_selectors else self._meta
             for gvr in (CRDS, APISERVICES)}

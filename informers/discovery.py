@@ -102,6 +102,11 @@ def _interned(gvr: GVR, kind: str, namespaced: bool, verbs: Iterable[str], prefe
     return info
 
 
+def _add(result: DiscoveryResult, info: ResourceInfo) -> None:
+    # Keyed by the interned info's GVR: the one just parsed (and its strings) is then not kept by every member.
+    result.resources[info.gvr] = info
+
+
 class DiscoveryClient:
     """Discovers served resources; remembers the last result so unavailable group-versions keep their GVRs."""
 
@@ -130,7 +135,7 @@ class DiscoveryClient:
         # Unavailable group-versions keep what was last known of them.
         for gvr, info in self._last.items():
             if gvr.group_version in result.stale_group_versions and gvr not in result.resources:
-                result.resources[gvr] = _interned(gvr, info.kind, info.namespaced, info.verbs, info.preferred, True)
+                _add(result, _interned(gvr, info.kind, info.namespaced, info.verbs, info.preferred, True))
         self._last = result.resources
         return result
 
@@ -157,8 +162,8 @@ class DiscoveryClient:
                 for res in version.get("resources") or ():
                     gvr = GVR(gname, v, res["resource"])
                     kind = (res.get("responseKind") or {}).get("kind", "")
-                    result.resources[gvr] = _interned(gvr, kind, res.get("scope") == "Namespaced",
-                                                      res.get("verbs") or (), i == 0)
+                    _add(result, _interned(gvr, kind, res.get("scope") == "Namespaced", res.get("verbs") or (),
+                                           i == 0))
 
     async def _legacy(self, result: DiscoveryResult) -> None:
         core, groups = await _all(self._get("/api", result), self._get("/apis", result))
@@ -181,8 +186,8 @@ class DiscoveryClient:
             if "/" in res["name"]:
                 continue  # subresource
             gvr = GVR(group, version, res["name"])
-            result.resources[gvr] = _interned(gvr, res.get("kind", ""), bool(res.get("namespaced")),
-                                              res.get("verbs") or (), preferred)
+            _add(result, _interned(gvr, res.get("kind", ""), bool(res.get("namespaced")), res.get("verbs") or (),
+                                   preferred))
 
 
 async def _all(*aws: Awaitable[_T]) -> list[_T]:

@@ -6,8 +6,9 @@ aggregated APIServices (an aggregated API coming or going changes what is served
 and the CRD cache is the authority on CRD identity: its uid tells a CRD deleted and recreated between two
 passes from the one an informer was started for, and it outruns discovery when a CRD is deleted.
 
-The informers come from a provider: the factory's own (shared) informer when its filter watches CRDs or
-APIServices anyway, so each is cached once, else a private one. Without permission to watch them the
+The informers come from a provider: the factory's own (shared) informer when it watches CRDs or APIServices
+anyway (``watch="all"`` and its filter selects them), so each is cached once, else a private one holding
+``trigger_view``s. Without permission to watch them the
 factory relies on its periodic pass, at its short period; a trigger that cannot watch yet because the server is unreachable
 does not hold up the start, keeps trying, and asks for a pass once it has synced.
 """
@@ -15,6 +16,7 @@ does not hold up the start, keeps trying, and asks for a pass once it has synced
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Protocol
@@ -205,19 +207,28 @@ class DiscoveryTriggers:
 
 def trigger_view(obj: Obj) -> Obj:
     """A CRD or APIService cut down to what the triggers read: name, uid and resourceVersion; a CRD's group,
-    plural and versions' ``name``/``served`` (not its schemas, often most of a cluster's CRD bytes); an
-    APIService's spec; the conditions' type and status. The transform of the triggers' private informers, so a
-    fleet member's CRD cache costs a few hundred bytes per CRD instead of its whole OpenAPI schema."""
+    plural and versions' ``name``/``served`` (not its schemas, often most of a cluster's CRD bytes); an aggregated
+    APIService's spec; the conditions' type and status. A local APIService (no ``spec.service``: a group the
+    server itself serves, ~20 in every cluster) keeps only its name and resourceVersion: the triggers only
+    watch for it to become aggregated (its spec then differs from none), and its conditions, uid and spec were
+    ~2 KiB a piece in every fleet member. The transform of the triggers' private informers, so a fleet member's
+    CRD and APIService caches cost a few hundred bytes per CRD instead of its whole OpenAPI schema."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    if "versions" in spec and "names" in spec:  # a CRD (list items carry no kind)
-        spec = {"group": spec.get("group", ""), "names": {"plural": (spec.get("names") or {}).get("plural", "")},
-                "versions": [{"name": v.get("name", ""), "served": v.get("served", False)}
-                             for v in spec.get("versions") or ()]}
-    conditions = [{"type": c.get("type"), "status": c.get("status")}
-                  for c in (obj.get("status") or {}).get("conditions") or ()]
-    view: Obj = {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
-                 "spec": spec, "status": {"conditions": conditions}}
+    if "names" not in spec and not spec.get("service"):  # a local APIService
+        view: Obj = {"metadata": {k: meta[k] for k in ("name", "resourceVersion") if k in meta}}
+        if "name" in view["metadata"]:
+            view["metadata"]["name"] = sys.intern(view["metadata"]["name"])  # the same few in every member
+    else:
+        if "versions" in spec and "names" in spec:  # a CRD (list items carry no kind)
+            spec = {"group": spec.get("group", ""),
+                    "names": {"plural": (spec.get("names") or {}).get("plural", "")},
+                    "versions": [{"name": v.get("name", ""), "served": v.get("served", False)}
+                                 for v in spec.get("versions") or ()]}
+        conditions = [{"type": c.get("type"), "status": c.get("status")}
+                      for c in (obj.get("status") or {}).get("conditions") or ()]
+        view = {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
+                "spec": spec, "status": {"conditions": conditions}}
     if "kind" in obj:
         view["kind"] = obj["kind"]
     return view

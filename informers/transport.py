@@ -184,7 +184,8 @@ def _translated() -> Iterator[None]:
 class Http2Transport:
     """HTTP/2 connections to one server, each carrying up to the server's stream limit.
 
-    ``context_factory`` makes the TLS context (ALPN is set here); ``http1`` makes the HTTP/1.1 transport used
+    ``context_factory`` gives the TLS context, offering ``h2`` and ``http/1.1`` in ALPN (it may be shared: it is
+    not changed here); ``http1`` makes the HTTP/1.1 transport used
     once the server turns ``h2`` down. ``read_idle`` and ``ping_timeout`` (default ``READ_IDLE``, ``PING_TIMEOUT``)
     tune the health check.
     """
@@ -266,7 +267,6 @@ class Http2Transport:
     async def _dial(self) -> None:
         try:
             context = self._context_factory()
-            context.set_alpn_protocols(["h2", "http/1.1"])
             async with asyncio.timeout(self._connect_timeout):
                 conn = await H2Connection.connect(self._host, self._port, context, self._server_hostname,
                                                self._authority, self._read_idle, self._ping_timeout, IDLE_CONNECTION)

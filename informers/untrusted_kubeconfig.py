@@ -36,6 +36,7 @@ from typing import Any, Collection, TypeVar
 
 import yaml
 
+from . import tls
 from .client import ApiClient
 from .credentials import API_VERSIONS, DEFAULT_TIMEOUT, ExecPlugin, _cluster_info
 from .kubeconfig import ClientConfig, safe_load_yaml
@@ -126,13 +127,8 @@ def _client(data: bytes | str, allowed_exec_commands: frozenset[str], context: s
         raise cluster.invalid("server", "is not an https:// (or http://) URL with a host")
     insecure = cluster.get("insecure-skip-tls-verify", bool) or False
     ca = cluster.data("certificate-authority-data")
-    if ca is not None:
-        if insecure:
-            raise cluster.invalid("certificate-authority-data", "is set together with insecure-skip-tls-verify")
-        try:
-            ssl.create_default_context(cadata=ca)
-        except ssl.SSLError:
-            raise cluster.invalid("certificate-authority-data", "holds no usable PEM certificate") from None
+    if ca is not None and insecure:
+        raise cluster.invalid("certificate-authority-data", "is set together with insecure-skip-tls-verify")
 
     token = user.get("token", str)
     if token is not None and not (token.isascii() and token.isprintable()):
@@ -160,8 +156,25 @@ def _client(data: bytes | str, allowed_exec_commands: frozenset[str], context: s
     if token is not None:
         config.api_key = {"authorization": f"Bearer {token}"}
     config.username, config.password = username, password
-    return ApiClient(config, exec_plugin=plugin, ca_data=ca, client_cert_data=cert, client_key_data=key,
-                     tls_server_name=cluster.get("tls-server-name", str))
+    client = ApiClient(config, exec_plugin=plugin, ca_data=ca, client_cert_data=cert, client_key_data=key,
+                       tls_server_name=cluster.get("tls-server-name", str))
+    _check_tls(client, cluster, user, ca)
+    return client
+
+
+def _check_tls(client: ApiClient, cluster: _Entry, user: _Entry, ca: str | None) -> None:
+    """Refuse a CA (or client certificate) that ``ssl`` cannot load, by making the client's TLS context now: the one
+    its first dial uses (one per distinct CA and certificate in the process, ``informers.tls``), not a second one."""
+    try:
+        if client.tls_context() is None and ca is not None:
+            tls.client_context(cadata=ca)  # an http:// server: the CA goes unused, but is checked all the same
+    except ssl.SSLError:
+        try:
+            if ca is not None:
+                ssl.create_default_context(cadata=ca)
+        except ssl.SSLError:
+            raise cluster.invalid("certificate-authority-data", "holds no usable PEM certificate") from None
+        raise user.invalid("client-certificate-data", "and client-key-data cannot be loaded by ssl") from None
 
 
 def _refuse_unsafe(cluster: _Entry, user: _Entry) -> None:

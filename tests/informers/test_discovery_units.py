@@ -132,7 +132,9 @@ async def test_access_reviews_of_a_pass_are_bounded_together() -> None:
 
 
 def test_trigger_view_keeps_what_the_triggers_read_and_drops_schemas() -> None:
-    from informers.discovery_triggers import _aggregated, _available, _established, _served, trigger_view
+    from informers.discovery_triggers import (
+        _aggregated, _apiservice_changed, _available, _established, _served, trigger_view,
+    )
 
     schema = {"openAPIV3Schema": {"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(200)}}}
     crd = {"metadata": {"name": "widgets.example.com", "uid": "u1", "resourceVersion": "7", "generation": 3,
@@ -153,6 +155,34 @@ def test_trigger_view_keeps_what_the_triggers_read_and_drops_schemas() -> None:
            "status": {"conditions": [{"type": "Available", "status": "False", "reason": "MissingEndpoints"}]}}
     view = trigger_view(json.loads(json.dumps(svc)))
     assert view["spec"] == svc["spec"] and _aggregated(view) and not _available(view) and view["kind"] == "APIService"
+    # A local APIService: only its name and resourceVersion; becoming aggregated is still a change.
+    local = {"kind": "APIService", "metadata": {"name": "v1.apps", "uid": "u2", "resourceVersion": "3"},
+             "spec": {"group": "apps", "version": "v1", "groupPriorityMinimum": 17800, "versionPriority": 15},
+             "status": {"conditions": [{"type": "Available", "status": "True", "reason": "Local"}]}}
+    local_view = trigger_view(json.loads(json.dumps(local)))
+    assert local_view == {"kind": "APIService", "metadata": {"name": "v1.apps", "resourceVersion": "3"}}
+    assert not _aggregated(local_view) and not _apiservice_changed(local_view, trigger_view(local))
+    aggregated = {**local, "spec": {**local["spec"], "service": {"name": "apps", "namespace": "x"}}}
+    assert _apiservice_changed(local_view, trigger_view(aggregated))
+    assert _apiservice_changed(trigger_view(aggregated), local_view)
+
+
+async def test_members_of_one_kind_of_cluster_share_what_discovery_found() -> None:
+    """Two clients' results hold the same ResourceInfo and GVR objects (interned), not one copy each."""
+    from informers import DiscoveryClient
+
+    aggregated = {"kind": "APIGroupDiscoveryList", "items": [{"metadata": {"name": "apps"}, "versions": [
+        {"version": "v1", "resources": [{"resource": "deployments", "responseKind": {"kind": "Deployment"},
+                                         "scope": "Namespaced", "verbs": ["list", "watch"]}]}]}]}
+
+    class Server:
+        async def request(self, method: str, path: str, headers: Any = None, timeout: float | None = None) -> Any:
+            return json.loads(json.dumps(aggregated if path == "/apis" else {**aggregated, "items": []}))
+
+    one, two = [await DiscoveryClient(Server()).discover() for _ in range(2)]  # type: ignore[arg-type]
+    [(gvr_one, info_one)] = one.resources.items()
+    [(gvr_two, info_two)] = two.resources.items()
+    assert info_one is info_two and gvr_one is gvr_two is info_one.gvr
 
 
 def test_one_helper_unwraps_what_a_delete_handler_gets() -> None:

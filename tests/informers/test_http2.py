@@ -382,3 +382,50 @@ async def test_credentials_are_sent_never_indexed(monkeypatch) -> None:
         assert all(isinstance(h, hpack.HeaderTuple) for h in event.headers)
     assert all(name != b"authorization" for name, _ in server.decoder.header_table.dynamic_entries)
     assert any(name == b"user-agent" for name, _ in server.decoder.header_table.dynamic_entries)
+    # The Huffman codes every connection shares (a new connection's first requests) never hold a credential.
+    from informers.http2 import _SHARED_HUFFMAN
+    assert any(b"kube-syncer" in (value or b"") for value in _SHARED_HUFFMAN._codes)
+    assert not any(b"planted-token" in (value or b"") for value in _SHARED_HUFFMAN._codes)
+
+
+def test_header_blocks_are_hpacks_own_with_the_shared_huffman_codes() -> None:
+    """A connection's header blocks are byte for byte hpack's own, whether its Huffman codes are new or shared."""
+    import hpack
+
+    from informers.http2 import _Encoder
+
+    def blocks(encoder: hpack.Encoder) -> list[bytes]:
+        return [encoder.encode([(b":method", b"GET"), (b":path", path), (b"user-agent", b"kube-syncer/1 (linux)"),
+                                hpack.NeverIndexedHeaderTuple(b"authorization", b"Bearer t0ken")])
+                for path in (b"/version", b"/api", b"/api/v1/namespaces/x/configmaps?watch=1", b"/api")]
+
+    assert blocks(_Encoder()) == blocks(_Encoder()) == blocks(hpack.Encoder())
+
+
+async def test_settings_kept_in_lists_still_change_when_the_server_changes_them() -> None:
+    """The settings' values move from h2's deques (760 bytes each) to lists once the server's SETTINGS came; a later
+    SETTINGS from the server still changes them, and our own are acknowledged as h2 would."""
+    import h2.config
+    import h2.connection
+    import h2.settings
+
+    from informers.http2 import H2Connection
+
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+    server.initiate_connection()
+    conn = H2Connection("127.0.0.1:1", 30.0, 15.0, 90.0)
+    wire = _Wire(conn)
+    conn.connection_made(wire)
+    conn.data_received(server.data_to_send())
+    server.receive_data(bytes(wire.written))  # our preface and SETTINGS, and the ACK of the server's
+    wire.written.clear()
+    conn.data_received(server.data_to_send())  # the server's ACK of ours
+    for settings in (conn._h2.local_settings, conn._h2.remote_settings):
+        assert all(isinstance(v, list) for v in settings._settings.values())
+    assert conn._h2.local_settings.initial_window_size == 4 << 20
+    assert conn.free_slots == server.local_settings.max_concurrent_streams
+    server.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 7})
+    conn.data_received(server.data_to_send())
+    assert conn.free_slots == 7
+    assert all(isinstance(v, list) for v in conn._h2.remote_settings._settings.values())
+    conn.close()
