@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import asyncio.sslproto
 import sys
 import time
 from pathlib import Path
@@ -52,7 +53,6 @@ async def main() -> None:
                         "buffer, 256 KiB in CPython 3.11) to see how much of the RSS per informer it is")
     args = p.parse_args()
     if args.ssl_read_buffer:
-        import asyncio.sslproto  # noqa: PLC0415
 
         asyncio.sslproto.SSLProtocol.max_size = args.ssl_read_buffer
     client = ApiClient.from_kubeconfig(args.kubeconfig)
