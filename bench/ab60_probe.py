@@ -1,3 +1,5 @@
+"""A/B of discovery (c): 60 CRDs created at once until every informer synced, disc_idle_probe.py of two trees in
+turn on one control plane. Usage: ab60_probe.py ROUNDS (trees in TREES)."""
 import asyncio, json, sys, time, os
 sys.path.insert(0, "/work/main"); sys.path.insert(0, "/work/main/bench")
 import disc_common as dc

@@ -53,7 +53,6 @@ async def main() -> None:
                         "buffer, 256 KiB in CPython 3.11) to see how much of the RSS per informer it is")
     args = p.parse_args()
     if args.ssl_read_buffer:
-
         asyncio.sslproto.SSLProtocol.max_size = args.ssl_read_buffer
     client = ApiClient.from_kubeconfig(args.kubeconfig)
     port = urlparse(client.host).port or 443
