@@ -11,6 +11,7 @@ handler calls run in order without making another cluster's wait.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from functools import partial
 from typing import Any, Iterable, Sequence
 
@@ -31,6 +32,7 @@ from .fence import OPEN, Fence
 from .member import FactoryMaker, Member, MemberEnv, MemberOptions, MemberState
 from .provider import ClusterConfig, ClusterProvider
 from .provider_set import ProviderSet
+from .warm_members import WarmMembers
 
 
 class ClusterRegistry:
@@ -59,8 +61,10 @@ class ClusterRegistry:
                                      supervisor=self._supervisor)
         self.coordinator = coordinator or EngageAll(fence)
         self.clients = ClusterClients(self)
-        self._env = MemberEnv(management, options, self.required,
-                              make_factory or partial(_default_factory, metrics_registry), local_factory, name)
+        env = MemberEnv(management, options, self.required,
+                        make_factory or partial(_default_factory, metrics_registry), local_factory, name)
+        self.warm = WarmMembers(env)  # brought up ahead by ``prepare``: what a new member adopts
+        self._env = replace(env, take_warm=self.warm.take)
         self._handlers: list[ClusterHandler] = []
         self._members: dict[str, Member] = {}  # cluster name -> its current member
         self._tasks: set[asyncio.Task[None]] = set()
@@ -136,12 +140,14 @@ class ClusterRegistry:
         await self.providers.start(self.coordinator.changed)
 
     async def stop(self) -> None:
-        """Stop the providers, then every member (handlers' cleanups, informers, connections), awaited."""
+        """Stop the providers, then every member (handlers' cleanups, informers, connections) and every warm one,
+        awaited."""
         await self.providers.stop()
         for m in list(self._members.values()):
             self._remove(m, "the registry is stopping")
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.warm.stop()
 
     # -- what coordinators call --------------------------------------------------------------------------
     def engage(self, config: ClusterConfig, fence: Fence) -> None:
@@ -178,6 +184,15 @@ class ClusterRegistry:
         member = self._members.get(name)
         if member is not None:
             self._remove(member, why)
+
+    def prepare(self, config: ClusterConfig) -> None:
+        """Bring ``config`` up ahead, not engaged: a member engaged later with it adopts its connection and synced
+        informers (``WarmMembers``)."""
+        self.warm.prepare(config)
+
+    def unprepare(self, name: str) -> None:
+        """Stop bringing cluster ``name`` up ahead (what is engaged stays)."""
+        self.warm.drop(name)
 
     async def wait_engaged(self, name: str) -> None:
         """Return once the member registered under ``name`` has been engaged (one replacing it meanwhile counts),

@@ -30,11 +30,16 @@ class ClusterView(Protocol):
 
 class Members(Protocol):
     """What a coordinator drives (``ClusterRegistry``): engage a config under a fence (again with a changed config:
-    a rotation), or disengage a name; and wait for either to be done."""
+    a rotation), or disengage a name; and wait for either to be done. ``prepare`` brings a config up ahead of its
+    engagement (connected, synced, not engaged), ``unprepare`` stops that."""
 
     def engage(self, config: ClusterConfig, fence: Fence) -> None: ...
 
     def disengage(self, name: str, why: str) -> None: ...
+
+    def prepare(self, config: ClusterConfig) -> None: ...
+
+    def unprepare(self, name: str) -> None: ...
 
     async def wait_engaged(self, name: str) -> None: ...
 

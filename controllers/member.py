@@ -30,7 +30,7 @@ from informers.untrusted_kubeconfig import KubeconfigError
 from informers.wait import wait_first
 
 from .cluster import Cluster, ClusterContext, ClusterHandler, Condition, ConditionType, display_name, finish
-from .fence import Fence
+from .fence import CLOSED, Fence
 from .provider import ClusterConfig
 
 
@@ -93,6 +93,8 @@ class MemberEnv:
     make_factory: FactoryMaker
     local_factory: DiscoveringDynamicSharedInformerFactory | None
     component: str
+    # The member of a config brought up ahead, for a new member of that config to adopt (``WarmMembers.take``).
+    take_warm: Callable[[ClusterConfig], Awaitable["Member | None"]] | None = None
 
 
 class Member:
@@ -188,16 +190,8 @@ class Member:
 
     async def _bring_up(self, env: MemberEnv) -> Cluster:
         o = env.options
-        client = self.client = connect(self.config, env.management, o.allowed_exec_commands)
-        version = await client.request("GET", "/version", timeout=o.connect_timeout)
-        self.conditions[ConditionType.CONNECTED].set(True, "Connected",
-                                                     f"Kubernetes {version.get('gitVersion', '?')}")
-        self.to(MemberState.DISCOVERING)
-        factory = self.factory = self.config.connection.informers(env, client, self.name)
-        factory.require(env.component, env.required)
-        async with asyncio.timeout(o.sync_timeout):
-            await factory.start()
-        self.conditions[ConditionType.DISCOVERED].set(True, "Discovered", f"{len(factory.status())} GVRs served")
+        warm = await env.take_warm(self.config) if env.take_warm is not None else None
+        client, factory = self._adopt(warm) if warm is not None else await self._connect(env)
         self.to(MemberState.SYNCING)
         cluster = Cluster(self.name, self.config.source, client, factory, self.fence)
         if not await _wait_synced(cluster, env.required, o.sync_timeout, f"{env.component} sync {id(cluster)}"):
@@ -208,6 +202,43 @@ class Member:
                 "cluster {}: informers not synced within {:g}s ({}); starting its controllers anyway",
                 display_name(self.name), o.sync_timeout, missing)
         return cluster
+
+    async def _connect(self, env: MemberEnv) -> tuple[ApiClient, ClusterSource]:
+        """CONNECTING -> DISCOVERING: a client that reached the server, and the factory of the required informers,
+        started."""
+        o = env.options
+        client = self.client = connect(self.config, env.management, o.allowed_exec_commands)
+        version = await client.request("GET", "/version", timeout=o.connect_timeout)
+        self.conditions[ConditionType.CONNECTED].set(True, "Connected",
+                                                     f"Kubernetes {version.get('gitVersion', '?')}")
+        self.to(MemberState.DISCOVERING)
+        factory = self.factory = self.config.connection.informers(env, client, self.name)
+        factory.require(env.component, env.required)
+        async with asyncio.timeout(o.sync_timeout):
+            await factory.start()
+        self.conditions[ConditionType.DISCOVERED].set(True, "Discovered", f"{len(factory.status())} GVRs served")
+        return client, factory
+
+    def _adopt(self, warm: "Member") -> tuple[ApiClient, ClusterSource]:
+        """CONNECTING -> DISCOVERING on what ``warm`` (of this config, brought up ahead) has: its client, factory
+        and conditions become this member's, to release or serve (nothing is connected, nothing listed)."""
+        assert warm.client is not None and warm.factory is not None
+        client, factory = self.client, self.factory = warm.client, warm.factory
+        warm.client = warm.factory = None
+        for t in (ConditionType.CONNECTED, ConditionType.DISCOVERED):
+            self.conditions[t] = warm.conditions[t]
+        self.to(MemberState.DISCOVERING)
+        return client, factory
+
+    async def warm_up(self, env: MemberEnv) -> None:
+        """Bring the member up to synced informers (or ``sync_timeout``: its adopter waits on) and no further:
+        never engaged, so nothing reads or writes through it; a member of the same config adopts it
+        (``WarmMembers``), or it is released."""
+        await self._connect(env)
+        self.to(MemberState.SYNCING)
+        assert self.client is not None and self.factory is not None
+        cluster = Cluster(self.name, self.config.source, self.client, self.factory, CLOSED)
+        await _wait_synced(cluster, env.required, env.options.sync_timeout, f"{env.component} warm {id(self)}")
 
     async def _keep_current(self, env: MemberEnv, cluster: Cluster) -> None:
         """Keep the conditions current while engaged, where they change: on its factory's notifications (an

@@ -237,7 +237,8 @@ class Settings:
     - ``warm_standby``: a replica keeps synced the informers of the work it may run next, so that this work starts
       on synced caches, without listing: with leader election, a standby those its controllers require (in
       multi-cluster mode, in every member: it runs the cluster registry, not the controllers); with sharded
-      controllers, a replica those of the controllers assigned to it, before it holds them. Off: a replica
+      controllers, a replica those of the controllers assigned to it, before it holds them (with sharded member
+      clusters, it connects to the members assigned to it and syncs theirs). Off: a replica
       watches only what ``watch`` and its running work need, and lists the rest when it takes over (less memory
       and API load per standby).
     - ``leader_election``: see ``LeaderElection``; ``webhooks``: see ``Webhooks``; ``clusters``: see

@@ -59,29 +59,56 @@ class ControllerUnits:
 
 class ClusterUnits:
     """Each member cluster is a unit, and this is the registry's coordinator: a cluster is engaged (its controllers
-    start, through ``ClusterControllers``) only while this replica holds its unit, under the unit's fence."""
+    start, through ``ClusterControllers``) only while this replica holds its unit, under the unit's fence.
+
+    With ``warm`` (the warm standby, ``Prepares``): a cluster assigned here and not held yet is brought up ahead
+    (``Members.prepare``: connected, its required informers synced, nothing engaged), so that once its Lease is
+    taken the member adopts that connection and starts its controllers without listing; one no longer assigned
+    here (or gone) is stopped, one whose config changes is brought up anew."""
 
     kind = UnitKind.CLUSTERS
 
-    def __init__(self, per_cluster: ClusterControllers) -> None:
+    def __init__(self, per_cluster: ClusterControllers, warm: bool = False) -> None:
         self.per_cluster = per_cluster
+        self._warm = warm
         self._members: Members | None = None
         self._view: ClusterView | None = None
         self._fences: dict[str, UnitFence] = {}  # the units this replica holds
+        self._assigned: frozenset[str] = frozenset()
 
     def attach(self, members: Members, view: ClusterView) -> None:
         self._members, self._view = members, view
 
     def changed(self, name: str) -> None:
         """A held cluster's new config rotates it; one no provider gives any more leaves by its unit's stop (the
-        shard coordinator sees it gone from ``names()``); another replica's is none of this one's business."""
+        shard coordinator sees it gone from ``names()``); another replica's is none of this one's business, but
+        for one assigned here, brought up ahead."""
         fence = self._fences.get(name)
         config = self._view.get(name) if self._view is not None else None
         if fence is not None and config is not None and self._members is not None:
             self._members.engage(config, fence)
+        self._prepare(name)
 
     def names(self) -> set[str]:
         return self._view.names() if self._view is not None else set()
+
+    def assigned(self, units: frozenset[str]) -> None:
+        """The units assigned here now (``Prepares``): with ``warm``, those not held are brought up ahead, those
+        no longer assigned stopped."""
+        before, self._assigned = self._assigned, units
+        for name in before | units:
+            self._prepare(name)
+
+    def _prepare(self, name: str) -> None:
+        """Keep cluster ``name`` brought up ahead while it is assigned here, given, and not held (a held one's
+        member has adopted it, or is about to: left alone)."""
+        if not self._warm or self._members is None or self._view is None or name in self._fences:
+            return
+        config = self._view.get(name) if name in self._assigned else None
+        if config is None:
+            self._members.unprepare(name)
+        else:
+            self._members.prepare(config)
 
     async def start(self, unit: str, fence: UnitFence) -> None:
         assert self._members is not None and self._view is not None, "the registry attaches first"
@@ -96,4 +123,5 @@ class ClusterUnits:
         self._fences.pop(unit, None)
         self._members.disengage(unit, "another replica runs it now")
         await self._members.wait_gone(unit)
+        self._prepare(unit)  # still assigned here (its Lease lost, say): ready for its next take
         return self.per_cluster.take_stuck(unit)

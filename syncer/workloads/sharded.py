@@ -3,8 +3,10 @@ spread over every replica, hashed into buckets each under its own Lease (``synce
 
 The coordinator runs for the whole process on every replica, whatever the election says, and a stop hands every
 unit over first; leader election, if on, still places stores and runnables. Fleet controllers and components
-need every cluster in one process, so they are refused. ``warm_standby``: a replica watches the GVRs of
-controllers assigned to it before taking their Leases, so a handed-over unit starts on synced caches.
+need every cluster in one process, so they are refused. ``warm_standby``: a replica gets ready for the units
+assigned to it before taking their Leases, so a handed-over unit starts on synced caches: it watches the GVRs of
+those controllers, or brings those member clusters up ahead (connected, their required informers synced, no
+controller told), each engaged on that connection once its Lease is taken and stopped once assigned elsewhere.
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ class ShardedControllers(_Sharded):
 
 class ShardedClusters(_Sharded):
     """Each member cluster is a unit: the registry (from ``make_registry``) knows every cluster its providers give,
-    and connects to a member (its controllers starting there, under the unit's fence) only while this replica
-    holds the member's Lease."""
+    and engages a member (its controllers starting there, under the unit's fence) only while this replica holds
+    the member's Lease; with ``warm_standby`` it connects to those assigned here before that."""
 
     def __init__(self, process: Process, controllers: dict[str, ManagedController], make_registry: RegistryMaker,
                  on_stuck: OnStuck) -> None:
@@ -122,7 +124,8 @@ class ShardedClusters(_Sharded):
         p = self.process
         self.per_cluster = ClusterControllers(self.controllers, name=p.identity,
                                               **p.manager_options(unit_stop_timeout(p.settings)))
-        units = ClusterUnits(self.per_cluster)  # the registry's coordinator: it engages what this replica holds
+        # The registry's coordinator: it engages what this replica holds (and warms what is assigned here).
+        units = ClusterUnits(self.per_cluster, warm=p.settings.warm_standby)
         self.registry = self._make_registry({g for spec in self.controllers.values() for g in spec.required_gvrs},
                                             coordinator=units)
         await self.registry.register_cluster_handler(self.per_cluster)

@@ -348,3 +348,49 @@ async def test_reading_status_and_metrics_changes_nothing(registry: Any, monkeyp
     assert refreshes == [] and [(c.status, c.reason, c.since) for c in m.current_conditions()] == before
     async with asyncio.timeout(5):
         await reg.stop()
+
+
+async def test_a_cluster_assigned_here_is_warmed_then_adopted_without_a_new_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The warm standby of sharded member clusters: assigned (not held) -> brought up ahead; its Lease taken -> the
+    # member adopts that client and factory (nothing connected or started again); unassigned -> released.
+    from syncer.sharding.units import ClusterUnits
+
+    made: list[Any] = []
+
+    class Counting(FakeFactory):
+        def __init__(self, client: Any, name: str) -> None:
+            super().__init__(client, name)
+            self.starts = 0
+            made.append(self)
+
+        async def start(self) -> None:
+            self.starts += 1
+
+    class NoneStuck:
+        def take_stuck(self, unit: str) -> list[str]:
+            return []
+
+    monkeypatch.setattr(connections, "client_from_untrusted_kubeconfig", lambda data, **kw: FakeClient(data))
+    tasks_before = len(asyncio.all_tasks())
+    provider = FakeProvider()
+    units = ClusterUnits(NoneStuck(), warm=True)  # type: ignore[arg-type]
+    reg = ClusterRegistry(management(), [provider], MemberOptions(probe_interval=3600), coordinator=units,
+                          make_factory=Counting)  # type: ignore[arg-type]
+    provider.configs["c1"] = ClusterConfig("c1", "fake c1", UntrustedKubeconfig(b"v1"))
+    units.assigned(frozenset({"c1"}))
+    assert reg.warm.names() == ["c1"] and reg.list_clusters() == []
+    await eventually(lambda: len(made) == 1 and made[0].starts == 1, 5, "c1 brought up ahead")
+    warm = made[0]
+    await units.start("c1", OPEN)  # type: ignore[arg-type]
+    assert reg.cluster("c1").factory is warm and reg.cluster("c1").fence is OPEN
+    assert len(made) == 1 and warm.starts == 1 and reg.warm.names() == []
+    await units.stop("c1")  # its Lease lost, still assigned here: warmed again
+    assert warm.down and reg.warm.names() == ["c1"]
+    await eventually(lambda: len(made) == 2 and made[1].starts == 1, 5, "c1 brought up ahead again")
+    units.assigned(frozenset())  # assigned elsewhere: released
+    assert reg.warm.names() == []
+    await reg.stop()
+    assert all(f.down for f in made)
+    await asyncio.sleep(0)
+    assert len(asyncio.all_tasks()) <= tasks_before
