@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# Variables dynaconf reads for itself (RENAMED_VARS of dynaconf.utils has the old names without the marker).
-_DYNACONF_VARIABLES = re.compile(r".*DYNACONF.*|SETTINGS_MODULE|PROJECT_ROOT")
+# Names dynaconf reads for itself, as variables or as keys (which its as_dict() then drops); RENAMED_VARS of
+# dynaconf.utils has the old names without the marker.
+_DYNACONF_NAMES = re.compile(r".*DYNACONF.*|SETTINGS_MODULE|PROJECT_ROOT|RENAMED_VARS")
 _KEY = re.compile(r"[A-Za-z0-9_-]+")
 _GLOB = re.compile(r"[*?\[\],;]")  # a glob or a list separator in the file's path
 
@@ -51,7 +52,9 @@ def read_with_dynaconf(path: str | None, prefix: str) -> dict[str, Any]:
 def plain(path: str | None, doc: Mapping[str, Any], env: Mapping[str, str]) -> bool:
     """Whether the plain reader gives what dynaconf would for the file ``path`` (parsed: ``doc``) and the
     variables ``env`` (their names without the prefix)."""
-    if any(_DYNACONF_VARIABLES.fullmatch(name) for name in os.environ):
+    if any(_DYNACONF_NAMES.fullmatch(name) for name in os.environ):
+        return False
+    if any(_DYNACONF_NAMES.fullmatch(str(key).upper().partition("__")[0]) for key in [*doc, *env]):
         return False
     if path is not None:
         p = Path(path).resolve()

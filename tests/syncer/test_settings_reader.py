@@ -51,12 +51,13 @@ PAIRS = [("LEADER_ELECTION__ENABLED", "true", "LEADER_ELECTION__LEASE_NAME", "en
 NOT_PLAIN_FILES = {"cast": 'workers = "@int 5"\n', "merge": 'include = ["dynaconf_merge", "a"]\n',
                    "key": '[leader_election]\ndynaconf_merge = true\n', "dotted": '"leader_election.enabled" = true\n',
                    "dunder": 'LEADER_ELECTION__ENABLED = true\n', "twice": 'workers = 1\nWORKERS = 2\n',
-                   "nested-twice": "[plugin_settings]\na = 1\nA = 2\n"}
+                   "nested-twice": "[plugin_settings]\na = 1\nA = 2\n", "internal": 'project_root = "/"\n'}
 NOT_PLAIN_ENV = [{"SYNCER_WORKERS": "@int 5"}, {"SYNCER_INCLUDE": '@merge ["a"]'}, {"SYNCER_LOG_LEVEL": "@format x"},
                  {"DYNACONF_WORKERS": "3"}, {"ENVVAR_PREFIX_FOR_DYNACONF": "OTHER"}, {"SETTINGS_MODULE": "x.toml"},
                  {"SYNCER_DYNACONF_MERGE": "true"}, {"SYNCER_WORKERS": "1", "SYNCER_workers": "2"},
                  {"SYNCER_LEADER_ELECTION": "{enabled=true}", "SYNCER_LEADER_ELECTION__LEASE_NAME": "x"},
-                 {"SYNCER_PLUGIN_SETTINGS__WIDGET__ITEMS": "[3]"}, {"SYNCER_A.B": "1"}, {"SYNCER_": "1"}]
+                 {"SYNCER_PLUGIN_SETTINGS__WIDGET__ITEMS": "[3]"}, {"SYNCER_A.B": "1"}, {"SYNCER_": "1"},
+                 {"SYNCER_SETTINGS_MODULE": "x"}, {"SYNCER_renamed_vars": "1"}]
 
 
 def _typed(value: Any) -> Any:
