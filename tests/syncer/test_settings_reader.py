@@ -25,7 +25,8 @@ FILES = {
     "tables": '[leader_election]\nenabled = true\nlease_name = "from-file"\nretry_period = 1.5\n'
               '[clusters]\nenabled = false\n',
     "cased": 'Workers = 4\nLOG_LEVEL = "INFO"\n[Leader_Election]\nLease_Name = "cased"\n',
-    "nested": '[plugin_settings.widget]\nport = 80\nItems = [1, 2]\nhost = "h"\n[plugin_settings.other]\nx = { y = 1 }\n',
+    "nested": '[plugin_settings.widget]\nport = 80\nItems = [1, 2]\nhost = "h"\n'
+              '[plugin_settings.other]\nx = { y = 1 }\n',
     "types": 'workers = 2.5\nuvloop = "yes"\nresync = "30s"\ninclude = "core/configmaps"\n'
              'plugin_settings = { when = 2024-01-01T10:00:00Z, day = 2024-01-01, at = 10:00:00, big = 1e300 }\n',
     "unknown": 'wrokers = 3\n',
