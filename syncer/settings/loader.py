@@ -213,7 +213,8 @@ def _read_toml(path: str) -> dict[str, Any]:
     if not p.exists():
         raise SettingsError(f"settings file {path!r} does not exist")
     try:
-        return tomllib.loads(p.read_text())
+        # As dynaconf reads it: UTF-8 whatever the locale, and no newline translation (a lone CR is not TOML).
+        return tomllib.loads(p.read_bytes().decode())
     except OSError as e:
         raise SettingsError(f"settings file {path!r} cannot be read: {e.strerror or e}") from None
     except ValueError as e:  # TOMLDecodeError, or UnicodeDecodeError for a binary file

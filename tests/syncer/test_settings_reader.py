@@ -176,3 +176,16 @@ def test_a_local_file_or_another_format_goes_to_dynaconf(clean_env: pytest.Monke
     other = tmp_path / "settings.yaml"
     other.write_text("")
     assert not reader.plain(str(other), {}, {})
+
+
+def test_the_file_is_read_as_dynaconf_reads_it(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """UTF-8 whatever the locale, line ends untranslated: a lone CR is not TOML for dynaconf either."""
+    path = tmp_path / "cr.toml"
+    path.write_bytes(b'workers = 3\rlog_level = "DEBUG"\r')
+    with pytest.raises(Exception):
+        reader.read_with_dynaconf(str(path), ENV_PREFIX)
+    with pytest.raises(SettingsError, match="is not valid TOML"):
+        load_settings(str(path))
+    path.write_bytes('workers = 3\r\nplugin_settings = { p = { s = """né\r\nb""" } }\r\n'.encode())
+    assert load_settings(str(path)).plugin_settings == {"p": {"s": "né\nb"}}
+    assert reader.read_with_dynaconf(str(path), ENV_PREFIX)["PLUGIN_SETTINGS"] == {"p": {"s": "né\nb"}}
