@@ -65,7 +65,7 @@ def plain(path: str | None, doc: Mapping[str, Any], env: Mapping[str, str]) -> b
     paths = []
     for name, value in env.items():
         parts = name.split("__")
-        if not all(_KEY.fullmatch(p) for p in parts) or "DYNACONF" in name.upper() or value.startswith("@"):
+        if not all(_KEY.fullmatch(p) for p in parts) or "dynaconf" in name.lower() or value.startswith("@"):
             return False
         parsed = _literal(value)
         if not _plain_values(parsed):

@@ -58,7 +58,8 @@ NOT_PLAIN_ENV = [{"SYNCER_WORKERS": "@int 5"}, {"SYNCER_INCLUDE": '@merge ["a"]'
                  {"SYNCER_DYNACONF_MERGE": "true"}, {"SYNCER_WORKERS": "1", "SYNCER_workers": "2"},
                  {"SYNCER_LEADER_ELECTION": "{enabled=true}", "SYNCER_LEADER_ELECTION__LEASE_NAME": "x"},
                  {"SYNCER_PLUGIN_SETTINGS__WIDGET__ITEMS": "[3]"}, {"SYNCER_A.B": "1"}, {"SYNCER_": "1"},
-                 {"SYNCER_SETTINGS_MODULE": "x"}, {"SYNCER_renamed_vars": "1"}]
+                 {"SYNCER_SETTINGS_MODULE": "x"}, {"SYNCER_renamed_vars": "1"},
+                 {"SYNCER_LEADER_ELECTION__dynaconf_merge": "true"}]
 
 
 def _typed(value: Any) -> Any:
