@@ -7,8 +7,8 @@ returns what ``Dynaconf(...).as_dict()`` returns for them (top-level keys upper-
 file's tables with the file's casing, a value replacing the file's), which tests/syncer/test_settings_reader.py
 checks case by case against dynaconf. Whatever only dynaconf gives meaning to goes to dynaconf: ``@`` values
 (``@int``, ``@json``, ``@merge``, ``@format``, ...), ``dynaconf_*`` keys and merge markers, variables that
-configure dynaconf (``*_FOR_DYNACONF``, ``DYNACONF_*`` and their deprecated names), a ``*.local.toml`` beside the
-file, a file dynaconf would not read as TOML, and the few shapes whose outcome depends on dynaconf's merge order
+configure dynaconf (``*_FOR_DYNACONF``, ``DYNACONF_*`` and their deprecated names), a ``*.local.toml`` or a
+``dynaconf_hooks.py`` beside the file, a file dynaconf would not read as TOML, and the few shapes whose outcome depends on dynaconf's merge order
 or casing rules (keys differing only in case, one variable's path inside another's, a ``__`` path ending where
 the file has a list or table too).
 """
@@ -58,7 +58,8 @@ def plain(path: str | None, doc: Mapping[str, Any], env: Mapping[str, str]) -> b
         return False
     if path is not None:
         p = Path(path).resolve()
-        if p.suffix != ".toml" or _GLOB.search(str(p)) or p.with_name(f"{p.stem}.local.toml").exists():
+        if p.suffix != ".toml" or _GLOB.search(str(p)) or p.with_name(f"{p.stem}.local.toml").exists() or \
+                p.with_name("dynaconf_hooks.py").exists():  # dynaconf runs it after loading the file
             return False
     if not all(_KEY.fullmatch(k) and "." not in k and "__" not in k for k in doc) or not _plain_values(doc):
         return False

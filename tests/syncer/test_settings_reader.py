@@ -168,12 +168,17 @@ def test_dynaconfs_own_variables_go_to_dynaconf(clean_env: pytest.MonkeyPatch, t
 
 
 def test_a_local_file_or_another_format_goes_to_dynaconf(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """dynaconf also reads ``<name>.local.toml`` beside the file, and reads a file by its extension."""
+    """dynaconf also reads ``<name>.local.toml`` and runs ``dynaconf_hooks.py`` beside the file, and reads a file by
+    its extension."""
     path = _write(tmp_path, "settings", "workers = 3\n")
     assert reader.plain(path, {"workers": 3}, {})
     (tmp_path / "settings.local.toml").write_text("workers = 4\n")
     assert not reader.plain(path, {"workers": 3}, {})
     assert load_settings(path).workers == 4
+    (tmp_path / "settings.local.toml").unlink()
+    (tmp_path / "dynaconf_hooks.py").write_text("def post(settings):\n    return {'WORKERS': 5}\n")
+    assert not reader.plain(path, {"workers": 3}, {})
+    assert load_settings(path).workers == 5
     other = tmp_path / "settings.yaml"
     other.write_text("")
     assert not reader.plain(str(other), {}, {})
