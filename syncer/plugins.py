@@ -10,7 +10,6 @@ entry-point plugins are loaded unless the ``entry_point_plugins`` setting says o
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -19,7 +18,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, NamedTuple, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypeVar
 
 from loguru import logger
 
@@ -28,7 +27,9 @@ from controllers.fleet import FleetComponent, FleetController
 from informers import GVR
 
 from .runnables import Runnable, Store, check_runnable, check_store
-from .webhook import Conversion, Webhook
+
+if TYPE_CHECKING:  # the webhook package is imported when a plugin declares a webhook or a conversion
+    from .webhook import Conversion, Webhook
 
 T = TypeVar("T")
 HOOK = "syncer_controllers"
@@ -46,12 +47,21 @@ class _Extension(NamedTuple):
     key: Callable[[Any], str]
 
 
+def _check_webhook(item: Any) -> str:
+    from .webhook import Webhook
+
+    return "" if isinstance(item, Webhook) else f"{type(item).__name__} is not a ValidatingWebhook or MutatingWebhook"
+
+
+def _check_conversion(item: Any) -> str:
+    from .webhook import Conversion
+
+    return "" if isinstance(item, Conversion) else f"{type(item).__name__} is not a Conversion"
+
+
 EXTENSION_HOOKS = {
-    "syncer_webhooks": _Extension("webhooks", "webhook", lambda w: "" if isinstance(w, Webhook) else
-                                  f"{type(w).__name__} is not a ValidatingWebhook or MutatingWebhook",
-                                  lambda w: w.path),
-    "syncer_conversions": _Extension("conversions", "conversion", lambda c: "" if isinstance(c, Conversion) else
-                                     f"{type(c).__name__} is not a Conversion", lambda c: c.crd),
+    "syncer_webhooks": _Extension("webhooks", "webhook", _check_webhook, lambda w: w.path),
+    "syncer_conversions": _Extension("conversions", "conversion", _check_conversion, lambda c: c.crd),
     "syncer_stores": _Extension("stores", "store", check_store, lambda s: s.name),
     "syncer_runnables": _Extension("runnables", "runnable", check_runnable, lambda r: r.name),
     "syncer_fleet_components": _Extension("components", "fleet component", lambda c: "" if isinstance(
@@ -196,6 +206,8 @@ def _entry_point_hooks(allowed: bool | Collection[str], loaded: Mapping[str, str
     except modules already ``loaded`` (source file -> spec)."""
     if allowed is False:
         return []
+    import importlib.metadata  # ~0.8 MiB with email, zipfile and csv: not for processes that load no plugins
+
     installed = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     if allowed is not True:
         missing = sorted(set(allowed) - set(installed.names))

@@ -2,7 +2,8 @@
 
 ``tables.py`` holds the typed tables (``Settings`` and its ``[table]`` dataclasses), ``checks.py`` the value
 checks, ``providers.py`` the kinds of cluster provider (their tables, checks and builders), ``schema.py`` which
-setting gets which check, and ``loader.py`` the reading (file, environment, command-line
+setting gets which check, ``reader.py`` the raw reading of the file and the environment (as dynaconf reads them,
+dynaconf itself only for its own features), and ``loader.py`` the loading (file, environment, command-line
 overrides), the rejection of unknown settings, where a setting came from, and ``settings_reference()``.
 """
 

@@ -1,5 +1,5 @@
-"""Loading the settings: a TOML file plus ``SYNCER_*`` environment variables, read by dynaconf and validated at
-load time.
+"""Loading the settings: a TOML file plus ``SYNCER_*`` environment variables, read as dynaconf reads them
+(``reader.py``) and validated at load time.
 
 An environment value replaces the file's (lists and scalars; a table's keys are set one by one with
 ``SYNCER_TABLE__KEY``), as dynaconf does by default and as ``kubectl`` or Helm's ``--set`` would; adding to a
@@ -27,6 +27,7 @@ from typing import Any, Mapping
 from loguru import logger
 
 from .checks import Invalid, format_seconds
+from .reader import read_raw
 from .schema import CHECKS, TABLES
 from .tables import Settings
 
@@ -194,22 +195,16 @@ def _service_links() -> frozenset[str]:
 def _read(path: str | None, ignored: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The raw settings of the file with the environment's over them, by (dotted) setting name, without the
     ``ignored`` variables."""
-    from dynaconf import Dynaconf  # only reading settings needs it (~5 MiB): not a Settings() made in code
-
-    file_keys = {_setting_name(k) for k in flatten(_read_toml(path))} if path is not None else set()
+    doc = _read_toml(path) if path is not None else {}
     try:
-        # Absolute: dynaconf looks a relative name up from this module's directory and its parents first, so
-        # ``--settings s.toml`` would read any s.toml above the installed package instead of the one in the
-        # working directory.
-        raw = Dynaconf(envvar_prefix=ENV_PREFIX, settings_files=[str(Path(path).resolve())] if path else [],
-                       environments=False, merge_enabled=False).as_dict()
+        raw = read_raw(path, doc, ENV_PREFIX)
     except Exception as e:  # dynaconf raises many types, e.g. for a bad '@cast' in an environment variable
         raise SettingsError(f"cannot read the settings: {type(e).__name__}: {e}") from None
-    for name in ignored:  # dynaconf read them as top-level keys
+    for name in ignored:  # read as top-level keys, as every SYNCER_* variable is
         raw.pop(name[len(ENV_PREFIX) + 1:], None)
     values = {_setting_name(k): v for k, v in flatten(raw).items()}
-    if "settings" not in file_keys:
-        values.pop("settings", None)  # dynaconf read SETTINGS_ENV as a setting too
+    if "settings" not in {_setting_name(k) for k in flatten(doc)}:
+        values.pop("settings", None)  # SETTINGS_ENV was read as a setting too
     return values
 
 
@@ -218,7 +213,8 @@ def _read_toml(path: str) -> dict[str, Any]:
     if not p.exists():
         raise SettingsError(f"settings file {path!r} does not exist")
     try:
-        return tomllib.loads(p.read_text())
+        # As dynaconf reads it: UTF-8 whatever the locale, and no newline translation (a lone CR is not TOML).
+        return tomllib.loads(p.read_bytes().decode())
     except OSError as e:
         raise SettingsError(f"settings file {path!r} cannot be read: {e.strerror or e}") from None
     except ValueError as e:  # TOMLDecodeError, or UnicodeDecodeError for a binary file

@@ -10,9 +10,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Loaded only by the modes that use them: the kubernetes package (kubeconfigs only it can load), cryptography
-# (a kubeconfig Secret's client certificate, the webhook server's certificates), dynaconf (reading settings),
-# tenacity (the sidecar's connect retries) and the sidecar's optional parts.
-LAZY = ["kubernetes", "cryptography", "dynaconf", "tenacity", "aiohttp.web", "syncer.webhook.service",
+# (a kubeconfig Secret's client certificate, the webhook server's certificates), dynaconf (settings that use its own
+# features), importlib.metadata (installed entry-point plugins), tenacity (the sidecar's connect retries) and the
+# sidecar's optional parts (the webhook package: plugins that declare webhooks).
+LAZY = ["kubernetes", "cryptography", "dynaconf", "importlib.metadata", "tenacity", "aiohttp.web", "syncer.webhook",
+        "syncer.webhook.service",
         "syncer.webhook.server", "syncer.webhook.certificates", "syncer.sharding.coordinator", "syncer.sharding.units",
         "syncer.sharding.group", "syncer.sharding.state", "syncer.fences", "syncer.workloads.sharded",
         "syncer.workloads.fleet", "syncer.leader", "syncer.debug", "syncer.builtin", "syncer.status_page",
@@ -128,3 +130,35 @@ async def main():
 asyncio.run(main())
 """
     assert _imported(code, tmp_path) == []
+
+
+def test_syncer_runs_start_up_loads_only_what_its_settings_use(tmp_path: Path) -> None:
+    """Plain settings (a file and SYNCER_* variables) are read without dynaconf, the event loop is named without
+    importlib.metadata, and plugins without webhooks (entry points off) load no webhook package."""
+    (tmp_path / "settings.toml").write_text('workers = 3\nentry_point_plugins = false\n[leader_election]\n'
+                                            'lease_name = "x"\n')
+    (tmp_path / "plain_plugin.py").write_text("def syncer_controllers(settings):\n    return {}\n")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(tmp_path)!r})
+os.environ.update(SYNCER_LOG_LEVEL="DEBUG", SYNCER_LEADER_ELECTION__ENABLED="true", SYNCER_INCLUDE='["core/pods"]')
+from syncer.cli.run import event_loop
+from syncer.plugins import load_plugins
+from syncer.settings import load_settings
+s = load_settings({str(tmp_path / "settings.toml")!r})
+assert (s.workers, s.log_level, s.leader_election.enabled, s.include) == (3, "DEBUG", True, ("core/pods",))
+assert event_loop(s)[1].startswith("uvloop ")
+load_plugins(["plain_plugin"], s.plugin_settings, s.entry_point_plugins)
+"""
+    assert _imported(code, tmp_path) == []
+
+
+def test_what_only_dynaconf_reads_imports_it(tmp_path: Path) -> None:
+    """A value with one of dynaconf's own markers is read by dynaconf."""
+    code = """
+import os
+os.environ["SYNCER_WORKERS"] = "@int 4"
+from syncer.settings import load_settings
+assert load_settings().workers == 4
+"""
+    assert "dynaconf" in _imported(code, tmp_path)
