@@ -2,7 +2,7 @@
 Ours against the client-go peer, one contender at a time on the same planes, in one run.
 
     .venv/bin/python bench/storm_bench.py [--members 100] [--outage 10] [--rounds 1]
-        [--contenders both|ours|client-go] [--profile] [--peer-bin bench/out/clientgo_multicluster]
+        [--contenders both|ours|client-go] [--profile] [--by-kind] [--peer-bin bench/out/clientgo_multicluster]
         [--json bench/out/storm.json]
 
 Two local control planes, as bench/multicluster_bench.py: a management one holds ``--members`` kubeconfig
@@ -26,7 +26,8 @@ have relisted). Then 5 s settle and:
 - a CPU timeline: the process's CPU seconds in each second, from 2 s before the outage to the end (``t`` from
   "answers again").
 
-``--profile`` records our process with py-spy from the outage's start to the end of the settle (collapsed stacks in
+``--by-kind`` counts our requests per member by resource, verb and answer (a wrapper around the client's counting
+in our runner; it costs CPU, so not for the figures). ``--profile`` records our process with py-spy from the outage's start to the end of the settle (collapsed stacks in
 ``bench/out/storm-profile-<round>.txt``, the top functions, inclusive and self, in the report).
 """
 
@@ -44,6 +45,7 @@ import subprocess
 import sys
 from collections import Counter
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +92,41 @@ class Probes:
         self.clusters.pop(name, None)
 
 
-def ours_runner(kubeconfig: str, namespace: str) -> None:
+def request_kind(method: str, path: str, params: Any) -> str:
+    """A request as ``resource verb``: ``configmaps watch-list``, ``/readyz GET``; API groups and versions dropped."""
+    params = params or {}
+    parts = path.strip("/").split("/")
+    if parts[0] in ("api", "apis") and len(parts) > (2 if parts[0] == "api" else 3):
+        verb = "watch-list" if params.get("sendInitialEvents") else "watch" if params.get("watch") else method
+        return f"{parts[-1]} {verb}"
+    return f"{path} {method}"
+
+
+def count_by_kind(tally: Counter[tuple[str, str]]) -> None:
+    """Count every request of every ApiClient in ``tally`` by (``request_kind``, status or "no answer")."""
+    from informers.client import CONNECTION_ERRORS, ApiClient
+
+    counted = ApiClient._counted
+
+    @asynccontextmanager
+    async def tallied(self: Any, method: str, path: str, headers: Any, guard: Any, kwargs: Any) -> Any:
+        kind = request_kind(method, path, kwargs.get("params"))
+        try:
+            async with counted(self, method, path, headers, guard, kwargs) as resp:
+                tally[(kind, str(resp.status))] += 1
+                yield resp
+        except CONNECTION_ERRORS:
+            tally[(kind, "no answer")] += 1
+            raise
+
+    ApiClient._counted = tallied  # type: ignore[method-assign]
+
+
+def ours_runner(kubeconfig: str, namespace: str, by_kind: bool) -> None:
     probes = Probes()
+    tally: Counter[tuple[str, str]] = Counter()
+    if by_kind:
+        count_by_kind(tally)
 
     async def serve(registry: Any, metrics: Any) -> None:
         from informers.request_metrics import NO_ANSWER
@@ -121,6 +156,9 @@ def ours_runner(kubeconfig: str, namespace: str) -> None:
                     for g in GVRS:
                         n, d = digest(cluster.factory.for_resource(g)[0].store.list())
                         emit("dump", cluster=name, gvr=g.resource, n=n, digest=d)
+            if command == "kinds":
+                for (kind, code), n in sorted(tally.items()):
+                    emit("kinds", kind=kind, code=code, n=n)
             if command == "status":
                 rows = registry.status()["clusters"]
                 emit("status", ready=sum(1 for r in rows if r.get("ready")), members=len(rows))
@@ -263,6 +301,7 @@ async def storm_round(mgmt: ApiClient, work: ApiClient, work_cp: Any, p: StormPr
     await asyncio.sleep(5)
     steady = statistics.median([p.rss() for _ in range(10) if not await asyncio.sleep(0.2)])
     before = {e["cluster"]: e for e in await p.command("stats")}
+    kinds0 = await p.command("kinds") if p.name == "ours" else []
     peak = steady
     sampling = True
 
@@ -294,6 +333,8 @@ async def storm_round(mgmt: ApiClient, work: ApiClient, work_cp: Any, p: StormPr
     cpu_timeline = await timeline.stop(t_ready)
     profiled = await asyncio.to_thread(stop_profile, spy, profile) if spy is not None and profile else None
     after = {e["cluster"]: e for e in await p.command("stats")}
+    kinds = Counter({(e["kind"], e["code"]): e["n"] for e in await p.command("kinds")} if p.name == "ours" else {})
+    kinds.subtract({(e["kind"], e["code"]): e["n"] for e in kinds0})
     want = await server_digests(work)
     divergent: set[str] = set()
     for attempt in range(3):
@@ -321,16 +362,21 @@ async def storm_round(mgmt: ApiClient, work: ApiClient, work_cp: Any, p: StormPr
         "steady_rss_mib": steady / 2**20, "peak_rss_mib": peak / 2**20, "rss_peak_over_steady": peak / steady,
         "cpu_s": cpu, "divergent_members": len(divergent), "ready_members": ready, "cpu_timeline": cpu_timeline,
         "profile": profiled,
+        "requests_per_member_by_kind": {f"{k} {c}": round(n / members, 2) for (k, c), n in sorted(kinds.items()) if n},
     }
 
 
 def report(r: int, name: str, res: dict[str, Any]) -> None:
     """One round's figures on stderr: a JSON line, then the CPU timeline and the profile's top, readable."""
     brief = {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()
-             if k not in ("cpu_timeline", "profile")}
+             if k not in ("cpu_timeline", "profile", "requests_per_member_by_kind")}
     print(json.dumps({"round": r, "contender": name, **brief}), file=sys.stderr, flush=True)
     print(f"  {name} CPU s per second (t from 'answers again'): " +
           " ".join(f"{t:+.0f}:{c:.2f}" for t, c in res["cpu_timeline"]), file=sys.stderr)
+    if res["requests_per_member_by_kind"]:
+        print(f"  {name} requests per member by kind and answer:", file=sys.stderr)
+        for kind, n in res["requests_per_member_by_kind"].items():
+            print(f"    {n:6.2f}  {kind}", file=sys.stderr)
     if res["profile"]:
         prof = res["profile"]
         print(f"  profile {prof['file']}: {prof['samples']} samples", file=sys.stderr)
@@ -366,7 +412,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     log.write_bytes(b"")
                     if name == "ours":
                         argv = [sys.executable, str(Path(__file__).resolve()), "--runner", "--kubeconfig",
-                                kubeconfig, "--namespace", ns]
+                                kubeconfig, "--namespace", ns] + (["--by-kind"] if args.by_kind else [])
                     else:
                         argv = [str(peer_bin), "-kubeconfig", kubeconfig, "-namespace", ns, "-gvrs", gvrs,
                                 "-workers", "2", "-probe-prefix", PROBE, "-commands"]
@@ -395,11 +441,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--contenders", choices=("both", "ours", "client-go"), default="both")
     p.add_argument("--profile", action="store_true", help="py-spy our process during the storm")
+    p.add_argument("--by-kind", action="store_true",
+                   help="count our requests by resource, verb and answer (a wrapper in our runner)")
     p.add_argument("--peer-bin", help="a built bench/clientgo_multicluster (default: go build it)")
     p.add_argument("--json", default=str(OUT / "storm.json"))
     args = p.parse_args()
     if args.runner:
-        ours_runner(args.kubeconfig, args.namespace)
+        ours_runner(args.kubeconfig, args.namespace, args.by_kind)
         return
     results = asyncio.run(harness(args))
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
