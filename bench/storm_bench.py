@@ -2,7 +2,8 @@
 Ours against the client-go peer, one contender at a time on the same planes, in one run.
 
     .venv/bin/python bench/storm_bench.py [--members 100] [--outage 10] [--rounds 1]
-        [--peer-bin bench/out/clientgo_multicluster] [--json bench/out/storm.json]
+        [--contenders both|ours|client-go] [--profile] [--by-kind] [--peer-bin bench/out/clientgo_multicluster]
+        [--json bench/out/storm.json]
 
 Two local control planes, as bench/multicluster_bench.py: a management one holds ``--members`` kubeconfig
 Secrets, all pointing at the workload plane (ConfigMaps, Secrets, Widgets; namespace ``bench`` holds a few of
@@ -21,7 +22,13 @@ have relisted). Then 5 s settle and:
   that got an answer), and per informer the LISTs (watch-list streams count as lists);
 - RSS: the peak during the storm (sampled every 100 ms) over the steady RSS before it;
 - CPU of the process from the outage's start to the end of the settle;
-- convergence: each member's cache digest (sorted ``namespace/name=resourceVersion``) per GVR against the server's.
+- convergence: each member's cache digest (sorted ``namespace/name=resourceVersion``) per GVR against the server's;
+- a CPU timeline: the process's CPU seconds in each second, from 2 s before the outage to the end (``t`` from
+  "answers again").
+
+``--by-kind`` counts our requests per member by resource, verb and answer (a wrapper around the client's counting
+in our runner; it costs CPU, so not for the figures). ``--profile`` records our process with py-spy from the outage's start to the end of the settle (collapsed stacks in
+``bench/out/storm-profile-<round>.txt``, the top functions, inclusive and self, in the report).
 """
 
 from __future__ import annotations
@@ -32,9 +39,13 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
+from collections import Counter
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +92,41 @@ class Probes:
         self.clusters.pop(name, None)
 
 
-def ours_runner(kubeconfig: str, namespace: str) -> None:
+def request_kind(method: str, path: str, params: Any) -> str:
+    """A request as ``resource verb``: ``configmaps watch-list``, ``/readyz GET``; API groups and versions dropped."""
+    params = params or {}
+    parts = path.strip("/").split("/")
+    if parts[0] in ("api", "apis") and len(parts) > (2 if parts[0] == "api" else 3):
+        verb = "watch-list" if params.get("sendInitialEvents") else "watch" if params.get("watch") else method
+        return f"{parts[-1]} {verb}"
+    return f"{path} {method}"
+
+
+def count_by_kind(tally: Counter[tuple[str, str]]) -> None:
+    """Count every request of every ApiClient in ``tally`` by (``request_kind``, status or "no answer")."""
+    from informers.client import CONNECTION_ERRORS, ApiClient
+
+    counted = ApiClient._counted
+
+    @asynccontextmanager
+    async def tallied(self: Any, method: str, path: str, headers: Any, guard: Any, kwargs: Any) -> Any:
+        kind = request_kind(method, path, kwargs.get("params"))
+        try:
+            async with counted(self, method, path, headers, guard, kwargs) as resp:
+                tally[(kind, str(resp.status))] += 1
+                yield resp
+        except CONNECTION_ERRORS:
+            tally[(kind, "no answer")] += 1
+            raise
+
+    ApiClient._counted = tallied  # type: ignore[method-assign]
+
+
+def ours_runner(kubeconfig: str, namespace: str, by_kind: bool) -> None:
     probes = Probes()
+    tally: Counter[tuple[str, str]] = Counter()
+    if by_kind:
+        count_by_kind(tally)
 
     async def serve(registry: Any, metrics: Any) -> None:
         from informers.request_metrics import NO_ANSWER
@@ -112,6 +156,9 @@ def ours_runner(kubeconfig: str, namespace: str) -> None:
                     for g in GVRS:
                         n, d = digest(cluster.factory.for_resource(g)[0].store.list())
                         emit("dump", cluster=name, gvr=g.resource, n=n, digest=d)
+            if command == "kinds":
+                for (kind, code), n in sorted(tally.items()):
+                    emit("kinds", kind=kind, code=code, n=n)
             if command == "status":
                 rows = registry.status()["clusters"]
                 emit("status", ready=sum(1 for r in rows if r.get("ready")), members=len(rows))
@@ -185,8 +232,62 @@ async def server_digests(work: ApiClient) -> dict[str, tuple[int, str]]:
     return out
 
 
+class CpuTimeline:
+    """The process's CPU seconds in each second, sampled in the background."""
+
+    def __init__(self, p: StormProc) -> None:
+        self.p = p
+        self.samples: list[tuple[float, float]] = []
+        self._task = asyncio.create_task(self._sample())
+
+    async def _sample(self) -> None:
+        while True:
+            self.samples.append((time.time(), self.p.cpu()))
+            await asyncio.sleep(1.0)
+
+    async def stop(self, origin: float) -> list[list[float]]:
+        """``[t, cpu]`` rows, ``t`` (the start of each second) from ``origin``."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        s = self.samples
+        return [[round(s[i][0] - origin, 1), round(s[i + 1][1] - s[i][1], 3)] for i in range(len(s) - 1)]
+
+
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy (from this venv) recording ``pid`` until ``stop_profile``."""
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "100", "--format", "raw",
+                             "--output", str(out), "--nonblocking"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def stop_profile(spy: subprocess.Popen[bytes], out: Path, top: int = 25) -> dict[str, Any]:
+    """Stop py-spy (it writes its file on SIGINT) and summarise: samples, and the top functions by inclusive and
+    self share of the samples."""
+    spy.send_signal(signal.SIGINT)
+    spy.wait(60)
+    inclusive: Counter[str] = Counter()
+    self_: Counter[str] = Counter()
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        for frame in set(frames):
+            inclusive[frame] += n
+        self_[frames[-1]] += n
+
+    def rows(c: Counter[str]) -> list[list[Any]]:
+        return [[round(100 * n / max(total, 1), 1), frame] for frame, n in c.most_common(top)]
+
+    return {"file": str(out), "samples": total, "inclusive_pct": rows(inclusive), "self_pct": rows(self_)}
+
+
 async def storm_round(mgmt: ApiClient, work: ApiClient, work_cp: Any, p: StormProc, namespace: str, data: bytes,
-                      members: int, outage: float, tag: str) -> dict[str, Any]:
+                      members: int, outage: float, tag: str, profile: Path | None) -> dict[str, Any]:
     await mgmt.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
     await p.start()
     sem = asyncio.Semaphore(50)
@@ -200,6 +301,7 @@ async def storm_round(mgmt: ApiClient, work: ApiClient, work_cp: Any, p: StormPr
     await asyncio.sleep(5)
     steady = statistics.median([p.rss() for _ in range(10) if not await asyncio.sleep(0.2)])
     before = {e["cluster"]: e for e in await p.command("stats")}
+    kinds0 = await p.command("kinds") if p.name == "ours" else []
     peak = steady
     sampling = True
 
@@ -210,6 +312,9 @@ async def storm_round(mgmt: ApiClient, work: ApiClient, work_cp: Any, p: StormPr
             await asyncio.sleep(0.1)
 
     sampler = asyncio.create_task(sample())
+    timeline = CpuTimeline(p)
+    await asyncio.sleep(2)
+    spy = start_profile(p.ps.pid, profile) if profile is not None else None
     cpu0, t_stop = p.cpu(), time.time()
     await asyncio.to_thread(work_cp.stop_apiserver)
     await asyncio.sleep(max(0.0, t_stop + outage - time.time()))
@@ -225,7 +330,11 @@ async def storm_round(mgmt: ApiClient, work: ApiClient, work_cp: Any, p: StormPr
     sampling = False
     await sampler
     cpu = p.cpu() - cpu0
+    cpu_timeline = await timeline.stop(t_ready)
+    profiled = await asyncio.to_thread(stop_profile, spy, profile) if spy is not None and profile else None
     after = {e["cluster"]: e for e in await p.command("stats")}
+    kinds = Counter({(e["kind"], e["code"]): e["n"] for e in await p.command("kinds")} if p.name == "ours" else {})
+    kinds.subtract({(e["kind"], e["code"]): e["n"] for e in kinds0})
     want = await server_digests(work)
     divergent: set[str] = set()
     for attempt in range(3):
@@ -251,14 +360,37 @@ async def storm_round(mgmt: ApiClient, work: ApiClient, work_cp: Any, p: StormPr
         "answered_per_member": statistics.mean(answered), "lists_per_informer_mean": statistics.mean(lists),
         "lists_per_informer_max": max(lists), "informers": len(lists),
         "steady_rss_mib": steady / 2**20, "peak_rss_mib": peak / 2**20, "rss_peak_over_steady": peak / steady,
-        "cpu_s": cpu, "divergent_members": len(divergent), "ready_members": ready,
+        "cpu_s": cpu, "divergent_members": len(divergent), "ready_members": ready, "cpu_timeline": cpu_timeline,
+        "profile": profiled,
+        "requests_per_member_by_kind": {f"{k} {c}": round(n / members, 2) for (k, c), n in sorted(kinds.items()) if n},
     }
+
+
+def report(r: int, name: str, res: dict[str, Any]) -> None:
+    """One round's figures on stderr: a JSON line, then the CPU timeline and the profile's top, readable."""
+    brief = {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()
+             if k not in ("cpu_timeline", "profile", "requests_per_member_by_kind")}
+    print(json.dumps({"round": r, "contender": name, **brief}), file=sys.stderr, flush=True)
+    print(f"  {name} CPU s per second (t from 'answers again'): " +
+          " ".join(f"{t:+.0f}:{c:.2f}" for t, c in res["cpu_timeline"]), file=sys.stderr)
+    if res["requests_per_member_by_kind"]:
+        print(f"  {name} requests per member by kind and answer:", file=sys.stderr)
+        for kind, n in res["requests_per_member_by_kind"].items():
+            print(f"    {n:6.2f}  {kind}", file=sys.stderr)
+    if res["profile"]:
+        prof = res["profile"]
+        print(f"  profile {prof['file']}: {prof['samples']} samples", file=sys.stderr)
+        for kind in ("inclusive_pct", "self_pct"):
+            print(f"  top {kind}:", file=sys.stderr)
+            for pct, frame in prof[kind]:
+                print(f"    {pct:5.1f}  {frame}", file=sys.stderr)
+    sys.stderr.flush()
 
 
 async def harness(args: argparse.Namespace) -> dict[str, Any]:
     from syncer.testing import ControlPlane
 
-    peer_bin = Path(args.peer_bin) if args.peer_bin else build_peer()
+    peer_bin = Path(args.peer_bin) if args.peer_bin else build_peer() if args.contenders != "ours" else Path()
     OUT.mkdir(exist_ok=True)
     gvrs = ",".join(f"{g.group}/{g.version}/{g.resource}" for g in GVRS)
     mgmt_cp, work_cp = ControlPlane(name="storm-mgmt"), ControlPlane(name="storm-work")
@@ -272,7 +404,7 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                 ApiClient.from_kubeconfig(str(work_cp.kubeconfig)) as work:
             await setup_workload(work)
             results: dict[str, Any] = {"args": vars(args), "rounds": {"ours": [], "client-go": []}}
-            contenders = ("ours", "client-go")
+            contenders = ("ours", "client-go") if args.contenders == "both" else (args.contenders,)
             for r in range(args.rounds):
                 for name in (contenders if r % 2 == 0 else contenders[::-1]):
                     ns = f"storm-{name.replace('-', '')}-{r}"
@@ -280,18 +412,17 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
                     log.write_bytes(b"")
                     if name == "ours":
                         argv = [sys.executable, str(Path(__file__).resolve()), "--runner", "--kubeconfig",
-                                kubeconfig, "--namespace", ns]
+                                kubeconfig, "--namespace", ns] + (["--by-kind"] if args.by_kind else [])
                     else:
                         argv = [str(peer_bin), "-kubeconfig", kubeconfig, "-namespace", ns, "-gvrs", gvrs,
                                 "-workers", "2", "-probe-prefix", PROBE, "-commands"]
                     p = StormProc(name, argv, log)
                     procs.append(p)
+                    profile = OUT / f"storm-profile-{r}.txt" if args.profile and name == "ours" else None
                     res = await storm_round(mgmt, work, work_cp, p, ns, data, args.members, args.outage,
-                                            f"{r}-{name.replace('-', '')}")
+                                            f"{r}-{name.replace('-', '')}", profile)
                     results["rounds"][name].append(res)
-                    print(json.dumps({"round": r, "contender": name, **{
-                        k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}}),
-                        file=sys.stderr, flush=True)
+                    report(r, name, res)
             return results
     finally:
         for p in procs:
@@ -308,11 +439,15 @@ def main() -> None:
     p.add_argument("--members", type=int, default=100)
     p.add_argument("--outage", type=float, default=10.0, help="seconds the apiserver is down")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--contenders", choices=("both", "ours", "client-go"), default="both")
+    p.add_argument("--profile", action="store_true", help="py-spy our process during the storm")
+    p.add_argument("--by-kind", action="store_true",
+                   help="count our requests by resource, verb and answer (a wrapper in our runner)")
     p.add_argument("--peer-bin", help="a built bench/clientgo_multicluster (default: go build it)")
     p.add_argument("--json", default=str(OUT / "storm.json"))
     args = p.parse_args()
     if args.runner:
-        ours_runner(args.kubeconfig, args.namespace)
+        ours_runner(args.kubeconfig, args.namespace, args.by_kind)
         return
     results = asyncio.run(harness(args))
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}

@@ -1,7 +1,9 @@
 """DiscoveryLoop: when a discovering factory runs its discovery passes.
 
 Passes run at start, when asked (``trigger``: a CRD or APIService changed, a watch answered 404, demand
-changed), when the server answers again after an outage (it may have been upgraded), and periodically: every
+changed), when the server answers again after an outage (it may have been upgraded; after a random 0 to
+``AFTER_OUTAGE_SPREAD`` seconds, so the N members of one restarted server do not all rediscover at the moment it
+is back, when it is busiest with their relists; informers resume on their own, not after it), and periodically: every
 ``rediscovery_interval`` while only a pass can see a change (``blind()``), else every
 ``full_rediscovery_interval``, jittered (client-go's ``wait.Jitter``) so a fleet's members do not pass together.
 A burst of triggers becomes one pass (``min_pass_interval``).
@@ -31,6 +33,7 @@ from .supervisor import Supervisor, TaskHandle
 
 _EXPECTED_ERRORS = (ApiError, *CONNECTION_ERRORS, AccessReviewsFailed)
 _JITTER = 0.2  # a periodic pass waits its interval plus up to this fraction of it
+AFTER_OUTAGE_SPREAD = 5.0  # seconds: the pass after an outage waits a random part of this (module docstring)
 
 # One pass: ``periodic`` says whether a timer (not a trigger) asked for it; returns what made it fail or left it
 # incomplete, if anything.
@@ -95,6 +98,7 @@ class DiscoveryLoop:
     async def _after_outages(self, _: TaskHandle) -> None:
         while True:
             await self.client.answered_again(self.client.recoveries)
+            await asyncio.sleep(after_outage_delay())
             self.trigger()
 
     async def _loop(self, handle: TaskHandle) -> None:
@@ -136,3 +140,7 @@ class DiscoveryLoop:
             self._log.opt(exception=error).error("{} failed unexpectedly ({!r}); retrying in {:.1f}s", what, error,
                                                  delay)
 
+
+def after_outage_delay() -> float:
+    """How long the pass after an outage waits: uniform in [0, ``AFTER_OUTAGE_SPREAD``]."""
+    return random.uniform(0, AFTER_OUTAGE_SPREAD)

@@ -46,16 +46,21 @@ _CONNECTION_REFRESH = 16 << 20
 _SECRET_FIELDS = frozenset({"authorization", "proxy-authorization", "cookie"})
 
 
+# h2 only reads its configuration: one for every connection.
+_CONFIG = h2.config.H2Configuration(client_side=True, header_encoding=None, validate_inbound_headers=False,
+                                    normalize_inbound_headers=False, validate_outbound_headers=False,
+                                    normalize_outbound_headers=False)
+
+
 class H2Connection(asyncio.Protocol):
     """An HTTP/2 client connection; made by ``connect()``, used through ``reserve()`` and ``request()``."""
 
     def __init__(self, authority: str, read_idle: float, ping_timeout: float, idle_timeout: float) -> None:
         """``authority`` is the ``:authority`` of every request (host[:port] of the server URL); a connection
         without streams for ``idle_timeout`` seconds closes."""
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None, validate_inbound_headers=False,
-                                           normalize_inbound_headers=False, validate_outbound_headers=False,
-                                           normalize_outbound_headers=False)
-        self._h2 = _DrainingH2(config)
+        # The h2 state machine (settings, HPACK tables, buffers) is made in ``connection_made``: a connect the
+        # server refuses, hundreds a second from a fleet whose server is down, then costs no more than the socket.
+        self._h2: _DrainingH2
         self._authority = authority.encode()
         self._read_idle = read_idle
         self._ping_timeout = ping_timeout
@@ -193,6 +198,7 @@ class H2Connection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport instances
+        self._h2 = _DrainingH2(_CONFIG)
         self._h2.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.ENABLE_PUSH: 0,
             h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,

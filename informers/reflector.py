@@ -8,6 +8,7 @@ paged LIST at ``"0"``; then WATCH from the last RV with bookmarks. Differs from 
 - Outage recovery: a reflector backing off retries once a later request of its ApiClient succeeds (once per
   outage, spread by ``_RESUME_SPREAD``); one waiter per client probes ``/readyz`` each second; API errors until the
   next success back off from ``_RESUME_INITIAL``. One relist per outage, seconds after (client-go: up to a minute).
+  Its log lines are a client's, not a reflector's: its start and end at INFO once (``OutageLog``), the rest DEBUG.
 - Nothing but cancellation ends ``run``: a listener, the sink or the error handling raising is logged.
 - A ``MetadataGVR`` asks for ``PartialObjectMetadata``; whole objects from a server that cannot are cut down here.
 
@@ -31,6 +32,7 @@ from .errors import ApiError
 from .gvr import GVR
 from .metrics import InformerMetrics
 from .object_shard import ObjectShard
+from .outage_log import OutageLog
 from .store import Obj, object_key
 from .wait import wait_first
 
@@ -48,6 +50,8 @@ _probe_locks: "weakref.WeakKeyDictionary[ApiClient, asyncio.Lock]" = weakref.Wea
 _probe_refused: "weakref.WeakKeyDictionary[ApiClient, float]" = weakref.WeakKeyDictionary()
 # The pause before retrying after each client's last recovery: (its ``recoveries``, the pause), drawn once.
 _resume_pauses: "weakref.WeakKeyDictionary[ApiClient, tuple[int, float]]" = weakref.WeakKeyDictionary()
+# A client's outage is logged at INFO once (its first connection error, its answer again), repeats at DEBUG.
+_OUTAGE_STARTS, _OUTAGE_ENDS = OutageLog(), OutageLog()
 _PARTIAL_API_VERSION, _PARTIAL_KIND = "meta.k8s.io/v1", "PartialObjectMetadata"
 _METADATA_LIST_ACCEPT = f"application/json;as={_PARTIAL_KIND}List;g=meta.k8s.io;v=v1,application/json"
 _METADATA_WATCH_ACCEPT = f"application/json;as={_PARTIAL_KIND};g=meta.k8s.io;v=v1,application/json"
@@ -209,12 +213,19 @@ class Reflector:
                 if e.status == 503 and "shutting down" in e.message:
                     self.client.went_away()  # what answers next is the restarted server: an outage's end
                 self._require_relist(f"http_{e.status}")
-            level = "WARNING" if e.status in (401, 403, 404) else "DEBUG" if "initializing" in e.message else "INFO"
+            if e.status in (401, 403, 404):
+                level = "WARNING"
+            elif "initializing" in e.message or (e.is_gone and self._resuming):
+                level = "DEBUG"  # a restarted server's first answers: expected, and the relist follows
+            elif e.status == 503 and "shutting down" in e.message:
+                level = _OUTAGE_STARTS.level(self.client)
+            else:
+                level = "INFO"
             self._log.log(level, "{} of {} failed ({}); retrying in {:.1f}s", what, self.gvr, e, delay)
         elif unreachable:
             kind = "timeout" if isinstance(e, TimeoutError) else "connection"
-            self._log.info("{} of {} interrupted ({}: {}); retrying in {:.1f}s", what, self.gvr, kind,
-                           e or type(e).__name__, delay)
+            self._log.log(_OUTAGE_STARTS.level(self.client), "{} of {} interrupted ({}: {}); retrying in {:.1f}s",
+                          what, self.gvr, kind, e or type(e).__name__, delay)
         elif isinstance(e, ShortWatchError):
             kind = "short_watch"
             self._require_relist("short_watch")
@@ -244,7 +255,8 @@ class Reflector:
         self._shortcut_taken = True
         self._backoff.reset()
         pause = self._resume_pause()
-        self._log.info("the server answers again; retrying {} in {:.2f}s", self.gvr, pause)
+        self._log.log(_OUTAGE_ENDS.level(self.client), "the server answers again; retrying {} in {:.2f}s",
+                      self.gvr, pause)
         await asyncio.sleep(pause)
 
     def _resume_pause(self) -> float:
@@ -300,7 +312,8 @@ class Reflector:
         except ApiError as e:
             if not (e.is_gone and rv != ""):
                 raise
-            self._log.info("list of {} at resourceVersion {} expired; listing the latest", self.gvr, rv)
+            self._log.log("DEBUG" if self._resuming else "INFO",
+                          "list of {} at resourceVersion {} expired; listing the latest", self.gvr, rv)
             items, list_rv, _ = await self._paged_list("")
         else:
             # Only "0" tells: a list at "" is paged by etcd whether or not the server has a watch cache.
@@ -372,8 +385,8 @@ class Reflector:
             except ApiError as e:
                 if e.is_gone and rv and self._need_list:
                     # As with a LIST: the last synced RV has expired, so stream the latest state at once.
-                    self._log.info("watch-list of {} at resourceVersion {} expired; streaming the latest",
-                                   self.gvr, rv)
+                    self._log.log("DEBUG" if self._resuming else "INFO",
+                                  "watch-list of {} at resourceVersion {} expired; streaming the latest", self.gvr, rv)
                     self._rv_unavailable = True
                     continue
                 if self.use_watch_list is not None or e.status not in _WATCH_LIST_REFUSED:

@@ -10,6 +10,7 @@ from typing import Any
 from informers import (
     GVR, ApiError, DiscoveryForbidden, GVRState, GVRStatus, Notifier, ResourceFilter, ResourceInfo,
 )
+from informers import discovery_loop
 from informers.access_review import AccessReviewer
 from informers.transport import TransportError
 
@@ -192,3 +193,49 @@ def test_one_helper_unwraps_what_a_delete_handler_gets() -> None:
     tombstone = DeletedFinalStateUnknown("ns/a", cm)
     assert last_state(cm) is cm and last_state(tombstone) is cm
     assert deleted_key(cm) == deleted_key(tombstone) == "ns/a"
+
+
+class _RecoveringClient:
+    """``answered_again`` of an ApiClient; ``recover()`` plays the server answering after an outage."""
+
+    def __init__(self) -> None:
+        self.recoveries = 0
+        self._answered = asyncio.Event()
+
+    def recover(self) -> None:
+        self.recoveries += 1
+        self._answered.set()
+        self._answered = asyncio.Event()
+
+    async def answered_again(self, since: int) -> None:
+        while self.recoveries <= since:
+            await self._answered.wait()
+
+
+def test_the_pass_after_an_outage_is_delayed_within_its_spread() -> None:
+    assert 0 < discovery_loop.AFTER_OUTAGE_SPREAD <= 5.0
+    delays = [discovery_loop.after_outage_delay() for _ in range(2000)]
+    assert all(0.0 <= d <= discovery_loop.AFTER_OUTAGE_SPREAD for d in delays)
+    assert max(delays) - min(delays) > discovery_loop.AFTER_OUTAGE_SPREAD / 2  # spread, not a fixed delay
+
+
+async def test_the_server_answering_again_asks_for_a_pass_after_the_delay(monkeypatch: Any) -> None:
+    monkeypatch.setattr(discovery_loop, "after_outage_delay", lambda: 0.3)
+    client = _RecoveringClient()
+
+    async def run_pass(periodic: bool) -> None:
+        return None
+
+    loop = discovery_loop.DiscoveryLoop(run_pass, client, None, name="t",  # type: ignore[arg-type]
+                                        rediscovery_interval=60.0, full_rediscovery_interval=600.0,
+                                        min_pass_interval=0.0, blind=lambda: False)
+    task = asyncio.create_task(loop._after_outages(None))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0.05)
+        client.recover()
+        await asyncio.sleep(0.15)
+        assert not loop._wake.is_set()  # still within its delay
+        await eventually(loop._wake.is_set, 2, "the pass asked for")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -16,6 +16,7 @@ from informers import (
 )
 from informers import reflector as reflector_module
 from informers.client import CONNECTION_ERRORS
+from informers.outage_log import OutageLog
 from informers.reflector import INITIAL_EVENTS_END
 
 from tests.helpers import eventually
@@ -586,6 +587,31 @@ async def test_the_reflectors_of_one_client_pause_alike_after_one_recovery():
     first = a._resume_pause()
     client.recover()
     assert b._resume_pause() != first and a._resume_pause() == b._resume_pause()
+
+
+async def test_an_outage_is_logged_once_per_client_at_info_and_its_410_relist_at_debug(logs):
+    # Two reflectors of one client through one outage: one "interrupted" and one "answers again" at INFO, the
+    # other reflector's lines and the 410 that follows the restart at DEBUG (not shown at INFO).
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    client = FakeClient([page("10"), page("10"), page("20"), page("20")],
+                        [refused(), refused(), [gone], [gone], [added("x", "21"), asyncio.Event()],
+                         [added("y", "21"), asyncio.Event()]])
+    sinks = [Sink(), Sink()]
+    rs = [reflector(client, sink, [], backoff=SlowBackoff()) for sink in sinks]
+    async with running(rs[0]), running(rs[1]):
+        await eventually(lambda: len(client.watch_params) == 2, 10, "both watches refused")
+        client.recover()
+        await eventually(lambda: all(s.events == ["ADDED"] for s in sinks), 10, "both relisted and watching")
+    outage = [m for m in logs if "interrupted" in m or "answers again" in m or "410" in m or "xpired" in m]
+    assert [m.split(" ")[0] for m in outage] == ["INFO", "INFO"], outage
+    assert "interrupted" in outage[0] and "answers again" in outage[1]
+
+
+def test_outage_log_says_info_once_per_client_and_outage():
+    said, a, b = OutageLog(), FakeClient(), FakeClient()
+    assert [said.level(a), said.level(a), said.level(b)] == ["INFO", "DEBUG", "INFO"]
+    a.recover()  # the outage ended: the next one is told again
+    assert [said.level(a), said.level(a), said.level(b)] == ["INFO", "DEBUG", "DEBUG"]
 
 
 # -- metric series -----------------------------------------------------------------------------------------
