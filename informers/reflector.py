@@ -21,7 +21,7 @@ import random
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from loguru import logger
 
@@ -29,7 +29,7 @@ from .backoff import Backoff
 from .client import CONNECTION_ERRORS, ApiClient
 from .errors import ApiError
 from .gvr import GVR
-from .metrics import InformerMetrics
+from .metrics import InformerMetrics, Reading
 from .object_shard import ObjectShard
 from .store import Obj, object_key
 from .wait import wait_first
@@ -149,14 +149,16 @@ class Reflector:
         self._m_errors = m.errors
         self.event_counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0, "BOOKMARK": 0}
         m.track(self, g, self.event_counts)
-        m.resource_version.labels(m.cluster, g).set_function(self._numeric_rv)
+        m.observe(self, g)
         self._series = (m.cluster, g)
 
-    def _numeric_rv(self) -> float:
+    def metric_readings(self) -> Iterator[Reading]:
+        """Its gauges, read at scrape time (``InformerMetrics.observe``)."""
         try:
-            return float(self.resource_version)
+            rv = float(self.resource_version)
         except ValueError:
-            return 0.0
+            rv = 0.0
+        yield "informer_last_resource_version", (), rv
 
     async def run(self) -> None:
         """List and watch until cancelled; never returns otherwise, and raises nothing but CancelledError."""
