@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/fleet_bench.py [--clusters 50,200,500] [--idle 300] [--apiservers 1] \
         [--peer-bin bench/out/clientgo_multicluster] [--json bench/out/fleet.json]
-    .venv/bin/python bench/fleet_bench.py --quick          # smoke run: 10 members, 20 s idle
+    .venv/bin/python bench/fleet_bench.py --quick          # smoke run: 10 members (or --clusters), 20 s idle
     .venv/bin/python bench/fleet_report.py fleet bench/out/fleet.json   # -> bench/RESULTS-fleet.md
 
 The contenders, the member Secrets and the workload are those of bench/multicluster_bench.py (ours is its
@@ -199,16 +199,18 @@ async def harness(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clusters", default="50,200,500", help="comma-separated member counts, one round each")
+    p.add_argument("--clusters", help="comma-separated member counts, one round each (default 50,200,500)")
     p.add_argument("--idle", type=float, default=300.0, help="seconds both contenders idle at each size")
     p.add_argument("--sample", type=float, default=30.0, help="seconds between connection counts while idle")
     p.add_argument("--apiservers", type=int, default=1, help="workload control planes the members spread over")
-    p.add_argument("--quick", action="store_true", help="smoke run: --clusters 10 --idle 20 --sample 5")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: --idle 20 --sample 5, and --clusters 10 unless --clusters is given")
     p.add_argument("--peer-bin", help="a built bench/clientgo_multicluster (default: go build it)")
     p.add_argument("--json", default=str(OUT / "fleet.json"))
     args = p.parse_args()
-    if args.quick:
-        args.clusters, args.idle, args.sample = "10", 20.0, 5.0
+    if args.quick:  # an explicit --clusters list is kept: a quick run at the sizes being compared
+        args.clusters, args.idle, args.sample = args.clusters or "10", 20.0, 5.0
+    args.clusters = args.clusters or "50,200,500"
     try:
         args.clusters = [int(x) for x in args.clusters.split(",") if x]
     except ValueError:

@@ -7,7 +7,9 @@ stale, and never holds up the rest.
 
 What discovery found is interned: equal ``ResourceInfo`` are one object in the process, whichever client found
 them. A fleet's members mostly run the same Kubernetes version with the same CRDs, and each member's own copy of
-~70 of them (with their strings and verb sets) was most of its memory outside the caches.
+~70 of them (with their strings and verb sets) was most of its memory outside the caches. For the same reason
+each distinct aggregated discovery document is parsed once per process: the members' ``/api`` and ``/apis``
+answers are usually byte-identical, and parsing them was most of a member's discovery CPU (``_parsed``).
 
 Unlike client-go, whose ``ServerGroupsAndResources`` returns one aggregate error the caller must pick apart,
 a refusal of ``/api`` or ``/apis`` itself (401/403: the credentials or RBAC are wrong) is raised as its own
@@ -20,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import difflib
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Awaitable, Iterable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
+import orjson
 from loguru import logger
 
 from .client import CONNECTION_ERRORS, ApiClient
@@ -121,11 +125,14 @@ class DiscoveryClient:
         """One discovery pass over ``/api`` and ``/apis``."""
         result = DiscoveryResult()
         if self.aggregated is not False:
-            docs = await _all(*(self._get(p, result, _AGGREGATED) for p in ("/api", "/apis")))
-            if all(d.get("kind") == "APIGroupDiscoveryList" for d in docs):
+            docs = await _all(*(self._get_aggregated(p, result) for p in ("/api", "/apis")))
+            read = [d for d in docs if d is not None]
+            if len(read) == len(docs):
                 self.aggregated = True
-                for doc in docs:
-                    self._read_aggregated(doc, result)
+                for doc in read:
+                    for info in doc.resources:
+                        _add(result, info)
+                    result.stale_group_versions.update(doc.stale_group_versions)
             else:
                 self._log.info("server has no aggregated discovery; using per-group-version discovery")
                 self.aggregated = False
@@ -140,30 +147,25 @@ class DiscoveryClient:
         return result
 
     async def _get(self, path: str, result: DiscoveryResult, accept: str = "application/json") -> dict:  # type: ignore[type-arg]
+        doc = await self._ask(self.client.request, path, result, accept)
+        return doc if isinstance(doc, dict) else {}
+
+    async def _get_aggregated(self, path: str, result: DiscoveryResult) -> "_Aggregated | None":
+        """``path``'s aggregated document, read (None: the server answered with something else). Through
+        ``ApiClient``'s own ``request`` the raw bytes are looked up in ``_PARSED`` first; a client that overrides
+        ``request`` (a test double, a wrapper) is asked through it, as ever."""
+        if type(self.client).request is not ApiClient.request:
+            return _read_aggregated(await self._get(path, result, _AGGREGATED))
+        return _parsed(await self._ask(self.client.request_bytes, path, result, _AGGREGATED))
+
+    async def _ask(self, fetch: Callable[..., Awaitable[_T]], path: str, result: DiscoveryResult, accept: str) -> _T:
         result.requests += 1
         try:
-            doc = await self.client.request("GET", path, headers={"Accept": accept}, timeout=self.timeout)
+            return await fetch("GET", path, headers={"Accept": accept}, timeout=self.timeout)
         except ApiError as e:
             if path in ("/api", "/apis") and e.status in (401, 403):
                 raise DiscoveryForbidden(e) from e
             raise
-        return doc if isinstance(doc, dict) else {}
-
-    @staticmethod
-    def _read_aggregated(doc: dict, result: DiscoveryResult) -> None:  # type: ignore[type-arg]
-        for group in doc.get("items") or ():
-            gname = (group.get("metadata") or {}).get("name", "")
-            for i, version in enumerate(group.get("versions") or ()):
-                v = version["version"]
-                gv = f"{gname}/{v}" if gname else v
-                if version.get("freshness") == "Stale":
-                    result.stale_group_versions.add(gv)
-                    continue
-                for res in version.get("resources") or ():
-                    gvr = GVR(gname, v, res["resource"])
-                    kind = (res.get("responseKind") or {}).get("kind", "")
-                    _add(result, _interned(gvr, kind, res.get("scope") == "Namespaced", res.get("verbs") or (),
-                                           i == 0))
 
     async def _legacy(self, result: DiscoveryResult) -> None:
         core, groups = await _all(self._get("/api", result), self._get("/apis", result))
@@ -188,6 +190,52 @@ class DiscoveryClient:
             gvr = GVR(group, version, res["name"])
             _add(result, _interned(gvr, res.get("kind", ""), bool(res.get("namespaced")), res.get("verbs") or (),
                                    preferred))
+
+
+@dataclass(frozen=True, slots=True)
+class _Aggregated:
+    """One aggregated discovery document, read: immutable, so every member that got the same bytes shares it."""
+
+    resources: tuple[ResourceInfo, ...]
+    stale_group_versions: frozenset[str]
+
+
+def _read_aggregated(doc: Any) -> _Aggregated | None:
+    if not isinstance(doc, dict) or doc.get("kind") != "APIGroupDiscoveryList":
+        return None
+    resources: list[ResourceInfo] = []
+    stale: set[str] = set()
+    for group in doc.get("items") or ():
+        gname = (group.get("metadata") or {}).get("name", "")
+        for i, version in enumerate(group.get("versions") or ()):
+            v = version["version"]
+            if version.get("freshness") == "Stale":
+                stale.add(f"{gname}/{v}" if gname else v)
+                continue
+            for res in version.get("resources") or ():
+                kind = (res.get("responseKind") or {}).get("kind", "")
+                resources.append(_interned(GVR(gname, v, res["resource"]), kind, res.get("scope") == "Namespaced",
+                                           res.get("verbs") or (), i == 0))
+    return _Aggregated(tuple(resources), frozenset(stale))
+
+
+# The last few distinct documents, by their bytes. 8: a process's members rarely run more than a few distinct
+# server versions and CRD sets at once; a fleet of all-different servers just parses every time, as before.
+_PARSED: "OrderedDict[bytes, _Aggregated | None]" = OrderedDict()
+_PARSED_MAX = 8
+
+
+def _parsed(raw: bytes) -> _Aggregated | None:
+    """``raw`` read, from ``_PARSED`` if the same bytes were read lately."""
+    try:
+        doc = _PARSED[raw]
+    except KeyError:
+        doc = _PARSED[raw] = _read_aggregated(orjson.loads(raw) if raw else None)
+        if len(_PARSED) > _PARSED_MAX:
+            _PARSED.popitem(last=False)
+    else:
+        _PARSED.move_to_end(raw)
+    return doc
 
 
 async def _all(*aws: Awaitable[_T]) -> list[_T]:

@@ -6,13 +6,12 @@ import bisect
 import copy
 import itertools
 import weakref
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator, Protocol, TypeVar
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 M = TypeVar("M", bound="MetricSet")
-_F = TypeVar("_F", Counter, Gauge)
 _sets: "weakref.WeakKeyDictionary[CollectorRegistry, dict[type, Any]]" = weakref.WeakKeyDictionary()
 
 
@@ -64,20 +63,51 @@ class Histogram:
         return list(zip([*map(str, bounds), "+Inf"], itertools.accumulate(counts)))
 
 
-class _EventCollector:
+# A reading: (family, label values after cluster and gvr, value).
+Reading = tuple[str, tuple[str, ...], float]
+
+# The per-GVR families, read from their owners at scrape time (``InformerMetrics.observe``): name -> (counter?,
+# help, labels after cluster and gvr). A counter's series is the sum over its owners (two informers of one GVR
+# count together), a gauge's is the reading of the owner observed last.
+FAMILIES: dict[str, tuple[bool, str, tuple[str, ...]]] = {
+    "informer_lists_total": (True, "LIST requests made (pages count once each).", ()),
+    "informer_watches_total": (True, "WATCH requests opened.", ("mode",)),
+    "informer_relists_total": (True, "Full resynchronisations from the server, by reason.", ("reason",)),
+    "informer_errors_total": (True, "List/watch failures, by kind.", ("kind",)),
+    "informer_events_total": (True, "Watch events received, by type.", ("type",)),
+    "informer_last_resource_version": (False, "Last resourceVersion seen (when numeric).", ()),
+    "informer_objects": (False, "Objects in the cache.", ()),
+    "informer_synced": (False, "1 once the informer has synced.", ()),
+    "informer_handler_queue_depth": (False, "Events waiting for one handler.", ("handler",)),
+}
+
+
+class Observed(Protocol):
+    """An owner of per-GVR series (``InformerMetrics.observe``)."""
+
+    def metric_readings(self) -> Iterable[Reading]:
+        """Its series' current values."""
+        ...
+
+
+class _ScrapeCollector:
+    """The per-GVR families, whose values live in informers and reflectors, read when /metrics is scraped."""
+
     def __init__(self, metrics: "InformerMetrics") -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("informer_events_total", "Watch events received, by type.",
-                                     labels=["cluster", "gvr", "type"])
-        totals: dict[tuple[str, str, str], int] = {}
-        for (cluster, gvr), counts in list(self.metrics._owners.values()):
-            for typ, n in counts.items():
-                totals[(cluster, gvr, typ)] = totals.get((cluster, gvr, typ), 0) + n
-        for labels, n in sorted(totals.items()):
-            family.add_metric(list(labels), n)
-        yield family
+        values: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in FAMILIES}
+        for owner, series in list(self.metrics._observed.items()):
+            for name, extra, value in owner.metric_readings():
+                found, key = values[name], (*series, *extra)
+                found[key] = found.get(key, 0) + value if FAMILIES[name][0] else value
+        for name, (counter, documentation, extra_labels) in FAMILIES.items():
+            kind = CounterMetricFamily if counter else GaugeMetricFamily
+            family = kind(name, documentation, labels=["cluster", "gvr", *extra_labels])
+            for labels, value in sorted(values[name].items()):
+                family.add_metric(list(labels), value)
+            yield family
 
 
 class InformerMetrics(MetricSet):
@@ -87,7 +117,7 @@ class InformerMetrics(MetricSet):
     carry ``cluster=name``, so the informers of a fleet's members share the process's registry without
     colliding. The cluster the process connects to is ``""``, which Prometheus stores as no label at all: a
     single-cluster process keeps the series it always had. The series of a (cluster, GVR) live while an informer
-    of it does (from ``track`` to ``forget``): a process that watches CRDs, or members, as they come and go would
+    of it does (from ``observe`` to ``forget``): a process that watches CRDs, or members, as they come and go would
     otherwise keep every one it ever saw on /metrics. One watched again starts its counters from zero, which
     Prometheus reads as a counter reset.
     """
@@ -96,28 +126,13 @@ class InformerMetrics(MetricSet):
 
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
-        self._families: list[Counter | Gauge] = []
-        self.lists = self._per_gvr(Counter, "informer_lists_total", "LIST requests made (pages count once each).")
-        self.watches = self._per_gvr(Counter, "informer_watches_total", "WATCH requests opened.", "mode")
-        self.relists = self._per_gvr(Counter, "informer_relists_total",
-                                     "Full resynchronisations from the server, by reason.", "reason")
-        # Watch events are counted in plain integers on each reflector and exposed at scrape time: a
-        # prometheus_client Counter.inc() per event would cost a sizeable part of handling the event.
-        self._owners: "weakref.WeakKeyDictionary[Any, tuple[tuple[str, str], dict[str, int]]]" = \
-            weakref.WeakKeyDictionary()
-        registry.register(_EventCollector(self))
-        self.errors = self._per_gvr(Counter, "informer_errors_total", "List/watch failures, by kind.", "kind")
-        self.resource_version = self._per_gvr(Gauge, "informer_last_resource_version",
-                                              "Last resourceVersion seen (when numeric).")
-        self.objects = self._per_gvr(Gauge, "informer_objects", "Objects in the cache.")
-        self.synced = self._per_gvr(Gauge, "informer_synced", "1 once the informer has synced.")
-        self.handler_queue_depth = self._per_gvr(Gauge, "informer_handler_queue_depth",
-                                                 "Events waiting for one handler.", "handler")
-
-    def _per_gvr(self, kind: type[_F], name: str, documentation: str, *labels: str) -> _F:
-        family = kind(name, documentation, ("cluster", "gvr", *labels), registry=self.registry)
-        self._families.append(family)
-        return family
+        # Every per-GVR series is counted or read in plain Python on its informer or reflector and exposed at
+        # scrape time (``FAMILIES``): a prometheus_client Counter.inc() per watch event would cost a sizeable
+        # part of handling the event, and making a prometheus_client child per series as each informer started
+        # was ~3 % of a fleet's bring-up CPU (py-spy, 250 members) and ~1 KiB a child (a dozen per member).
+        # client-go's informers export no such series; ours keep them, only cheaper.
+        self._observed: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
+        registry.register(_ScrapeCollector(self))
 
     def for_cluster(self, cluster: str) -> "InformerMetrics":
         """The view of these families whose series are labelled ``cluster=cluster`` (same registry, same
@@ -128,20 +143,12 @@ class InformerMetrics(MetricSet):
         view.cluster = cluster
         return view
 
-    def track(self, owner: object, gvr: str, event_counts: dict[str, int]) -> None:
-        """Count ``owner``'s watch events (``event_counts``, by type) under this view's cluster and ``gvr``, and
-        keep their series until ``owner`` and every other owner of them are forgotten."""
-        self._owners[owner] = ((self.cluster, gvr), event_counts)
+    def observe(self, owner: Observed, gvr: str) -> None:
+        """Show ``owner``'s readings (``FAMILIES``), under this view's cluster and ``gvr``, on every scrape until
+        ``owner`` is forgotten or gone (it is held weakly)."""
+        self._observed[owner] = (self.cluster, gvr)
 
     def forget(self, owner: object) -> None:
-        """Stop counting ``owner``'s events; if it was the last owner of its (cluster, GVR), remove every series
-        of them (no-op for an unknown or already forgotten owner)."""
-        entry = self._owners.pop(owner, None)
-        if entry is None or any(key == entry[0] for key, _ in self._owners.values()):
-            return
-        for family in self._families:
-            # Label values start (cluster, gvr) (``_per_gvr``): the series are found by their keys, not collected.
-            # Collecting every series of every member, for each informer that stops, made a replica running
-            # hundreds of members block its event loop for seconds when it handed tens of them over.
-            for values in [v for v in list(family._metrics) if tuple(v[:2]) == entry[0]]:
-                family.remove(*values)
+        """Stop showing ``owner``'s readings: a series none of whose owners is left is gone from /metrics (no-op
+        for an unknown or already forgotten owner)."""
+        self._observed.pop(owner, None)

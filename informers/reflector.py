@@ -22,7 +22,7 @@ import random
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from loguru import logger
 
@@ -30,7 +30,7 @@ from .backoff import Backoff
 from .client import CONNECTION_ERRORS, ApiClient
 from .errors import ApiError
 from .gvr import GVR
-from .metrics import InformerMetrics
+from .metrics import InformerMetrics, Reading
 from .object_shard import ObjectShard
 from .outage_log import OutageLog
 from .store import Obj, object_key
@@ -145,22 +145,26 @@ class Reflector:
         self._resume_backoff = Backoff(initial=_RESUME_INITIAL)
         self._init_backoff = Backoff(initial=0.05, jitter=0.2)
         self._log = logger.bind(gvr=str(gvr))
-        m = metrics or InformerMetrics.for_registry()
-        g = str(gvr)
-        self._m_lists = m.lists.labels(m.cluster, g)
-        self._m_relists = m.relists
-        self._m_watches = m.watches
-        self._m_errors = m.errors
         self.event_counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0, "BOOKMARK": 0}
-        m.track(self, g, self.event_counts)
-        m.resource_version.labels(m.cluster, g).set_function(self._numeric_rv)
-        self._series = (m.cluster, g)
+        # (family, label values after cluster and gvr) -> count, for /metrics (``metric_readings``).
+        self._counts: dict[tuple[str, tuple[str, ...]], int] = {("informer_lists_total", ()): 0}
+        (metrics or InformerMetrics.for_registry()).observe(self, str(gvr))
 
-    def _numeric_rv(self) -> float:
+    def metric_readings(self) -> Iterator[Reading]:
+        """Its counters and last resourceVersion, read at scrape time (``InformerMetrics.observe``)."""
         try:
-            return float(self.resource_version)
+            rv = float(self.resource_version)
         except ValueError:
-            return 0.0
+            rv = 0.0
+        yield "informer_last_resource_version", (), rv
+        for (name, labels), n in list(self._counts.items()):
+            yield name, labels, n
+        for typ, n in list(self.event_counts.items()):
+            yield "informer_events_total", (typ,), n
+
+    def _count(self, family: str, *labels: str) -> None:
+        key = (family, labels)
+        self._counts[key] = self._counts.get(key, 0) + 1
 
     async def run(self) -> None:
         """List and watch until cancelled; never returns otherwise, and raises nothing but CancelledError."""
@@ -234,7 +238,7 @@ class Reflector:
             kind = type(e).__name__
             self._require_relist("error")
             self._log.opt(exception=e).error("unexpected error syncing {}; relisting in {:.1f}s", self.gvr, delay)
-        self._m_errors.labels(*self._series, kind).inc()
+        self._count("informer_errors_total", kind)
         if self._on_error is not None:
             self._on_error(e)
         return delay
@@ -289,7 +293,7 @@ class Reflector:
     def _require_relist(self, reason: str) -> None:
         if not self._need_list:
             self._need_list = True
-            self._m_relists.labels(*self._series, reason).inc()
+            self._count("informer_relists_total", reason)
 
     def _clear_error(self) -> None:
         """The last failure no longer describes the reflector: tell ``on_recovered`` if there was one."""
@@ -336,7 +340,7 @@ class Reflector:
         items: list[Obj] = []
         paginated = False
         while True:
-            self._m_lists.inc()
+            self._count("informer_lists_total")
             try:
                 page = await self.client.request("GET", self.path, params, **self._list_kwargs)
             except ApiError as e:
@@ -407,7 +411,7 @@ class Reflector:
 
     async def _stream(self, params: dict[str, str], initial: bool) -> None:
         """Consume one watch stream; returns on a normal end, raises on errors."""
-        self._m_watches.labels(*self._series, "watch_list" if initial else "watch").inc()
+        self._count("informer_watches_total", "watch_list" if initial else "watch")
         started = time.monotonic()
         count = 0
         pending: dict[str, Obj] | None = {} if initial else None

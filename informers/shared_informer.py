@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections import deque
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from loguru import logger
 
@@ -22,7 +22,7 @@ from .client import ApiClient
 from .frozen import freeze, read_only_cache
 from .gvr import GVR
 from .lister import Lister
-from .metrics import InformerMetrics
+from .metrics import InformerMetrics, Reading
 from .object_shard import ObjectShard
 from .reflector import Reflector, ReflectorOptions
 from .store import NAMESPACE_INDEX, DeletedFinalStateUnknown, IndexFunc, Obj, Store, deleted_key, object_key
@@ -212,7 +212,6 @@ class SharedIndexInformer:
         self._read_only = read_only_cache()
         self._metrics = metrics or InformerMetrics.for_registry()
         self._gvr_label = str(gvr)
-        self._series = (self._metrics.cluster, self._gvr_label)  # the label values of its metric series
         self._registrations: list[HandlerRegistration] = []  # of every namespace
         self._routed: dict[str, list[HandlerRegistration]] = {}  # namespace -> its own registrations
         self._synced = asyncio.Event()
@@ -227,7 +226,16 @@ class SharedIndexInformer:
             on_recovered=self._reflector_recovered,
             transform=_then_freeze(transform) if self._read_only else transform, shard=shard,
         )
-        self._metrics.objects.labels(*self._series).set_function(lambda: len(self.store))
+        self._metrics.observe(self, self._gvr_label)
+
+    def metric_readings(self) -> Iterator[Reading]:
+        """Its gauges, read at scrape time (``InformerMetrics.observe``)."""
+        yield "informer_objects", (), len(self.store)
+        if self.has_synced():
+            yield "informer_synced", (), 1
+        depths = {reg.name: reg.queue_depth for reg in self.registrations}  # of one name, the last registered
+        for name, depth in depths.items():
+            yield "informer_handler_queue_depth", (name,), depth
 
     # -- state -------------------------------------------------------------------------------------------
     def has_synced(self) -> bool:
@@ -342,7 +350,6 @@ class SharedIndexInformer:
             self._registrations.append(reg)
         else:
             self._routed.setdefault(namespace, []).append(reg)
-        self._metrics.handler_queue_depth.labels(*self._series, reg_name).set_function(lambda: reg.queue_depth)
         if self._task is not None:
             reg._start()
         return reg
@@ -356,11 +363,6 @@ class SharedIndexInformer:
         regs.remove(registration)
         if ns is not None and not regs:
             del self._routed[ns]
-        if not any(r.name == registration.name for r in self.registrations):
-            try:
-                self._metrics.handler_queue_depth.remove(*self._series, registration.name)
-            except KeyError:
-                pass
         await registration._stop()
 
     @property
@@ -390,6 +392,7 @@ class SharedIndexInformer:
         for reg in self.registrations:
             await self.remove_event_handler(reg)
         self.store.clear()
+        self._metrics.forget(self)
         self._metrics.forget(self.reflector)
 
     async def run(self) -> None:
@@ -417,7 +420,6 @@ class SharedIndexInformer:
             self._deliver((_DELETE, tomb, None), tomb)
         if initial:
             self._synced.set()
-            self._metrics.synced.labels(*self._series).set(1)
             for reg in self.registrations:
                 reg._enqueue((_SYNCED, None, None))
         if self._change_waiters:

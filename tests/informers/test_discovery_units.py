@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 from typing import Any
 
+import pytest
+from kubernetes.client import Configuration
 
 from informers import (
-    GVR, ApiError, DiscoveryForbidden, GVRState, GVRStatus, Notifier, ResourceFilter, ResourceInfo,
+    GVR, ApiClient, ApiError, DiscoveryClient, DiscoveryForbidden, GVRState, GVRStatus, Notifier, ResourceFilter,
+    ResourceInfo,
 )
 from informers import discovery_loop
 from informers.access_review import AccessReviewer
@@ -170,8 +174,6 @@ def test_trigger_view_keeps_what_the_triggers_read_and_drops_schemas() -> None:
 
 async def test_members_of_one_kind_of_cluster_share_what_discovery_found() -> None:
     """Two clients' results hold the same ResourceInfo and GVR objects (interned), not one copy each."""
-    from informers import DiscoveryClient
-
     aggregated = {"kind": "APIGroupDiscoveryList", "items": [{"metadata": {"name": "apps"}, "versions": [
         {"version": "v1", "resources": [{"resource": "deployments", "responseKind": {"kind": "Deployment"},
                                          "scope": "Namespaced", "verbs": ["list", "watch"]}]}]}]}
@@ -239,3 +241,76 @@ async def test_the_server_answering_again_asks_for_a_pass_after_the_delay(monkey
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def _aggregated(*resources: str) -> dict[str, Any]:
+    return {"kind": "APIGroupDiscoveryList", "items": [{"metadata": {"name": "apps"}, "versions": [
+        {"version": "v1", "resources": [{"resource": r, "responseKind": {"kind": r.title()}, "scope": "Namespaced",
+                                         "verbs": ["list", "watch"]} for r in resources]}]}]}
+
+
+class BytesServer(ApiClient):
+    """An ``ApiClient`` whose own ``request`` is kept: it answers ``request_bytes`` with fixed documents."""
+
+    def __init__(self, docs: dict[str, dict[str, Any]]) -> None:
+        super().__init__(Configuration(host="https://unused.invalid"))
+        self.docs, self.asked = docs, 0
+
+    async def request_bytes(self, method: str, path: str, params: Any = None, body: Any = None,
+                            headers: Any = None, timeout: float | None = 60.0) -> bytes:
+        self.asked += 1
+        if path not in self.docs:
+            raise ApiError(403, "Forbidden", f"may not get {path}")
+        return json.dumps(self.docs[path]).encode()
+
+
+async def test_members_given_the_same_documents_parse_each_once(monkeypatch: Any) -> None:
+    """Byte-identical /api and /apis answers are read once per process; every member still asks its server, and
+    gets a result of its own to change."""
+    from informers import discovery
+
+    read: list[Any] = []
+    real = discovery._read_aggregated
+    monkeypatch.setattr(discovery, "_PARSED", OrderedDict())
+    monkeypatch.setattr(discovery, "_read_aggregated", lambda doc: read.append(doc) or real(doc))
+    docs = {"/api": {"kind": "APIGroupDiscoveryList", "items": []}, "/apis": _aggregated("deployments")}
+    servers = [BytesServer(docs) for _ in range(3)]
+    results = [await DiscoveryClient(s).discover() for s in servers]
+    assert len(read) == 2 and [s.asked for s in servers] == [2, 2, 2]
+    assert all(r.requests == 2 and r.aggregated for r in results)
+    one, two = results[0], results[1]
+    assert one.resources == two.resources and one.resources is not two.resources
+    one.resources.clear()
+    one.stale_group_versions.add("apps/v1")
+    assert len(two.resources) == 1 and not two.stale_group_versions
+
+
+async def test_the_parsed_documents_are_bounded_and_a_changed_document_is_read_again(monkeypatch: Any) -> None:
+    from informers import discovery
+
+    monkeypatch.setattr(discovery, "_PARSED", OrderedDict())
+    for i in range(discovery._PARSED_MAX + 3):
+        docs = {"/api": {"kind": "APIGroupDiscoveryList", "items": []}, "/apis": _aggregated(f"r{i}")}
+        found = await DiscoveryClient(BytesServer(docs)).discover()
+        assert [g.resource for g in found.resources] == [f"r{i}"]
+    assert len(discovery._PARSED) == discovery._PARSED_MAX
+
+
+async def test_a_refused_discovery_through_the_shared_reading_is_still_discovery_forbidden() -> None:
+    with pytest.raises(DiscoveryForbidden):
+        await DiscoveryClient(BytesServer({"/api": {"kind": "APIGroupDiscoveryList", "items": []}})).discover()
+
+
+async def test_a_client_that_overrides_request_is_asked_through_it() -> None:
+    """Test doubles and wrappers that answer ``request()`` only keep working (and see every call)."""
+    calls: list[str] = []
+
+    class Server:
+        async def request(self, method: str, path: str, headers: Any = None, timeout: float | None = None) -> Any:
+            calls.append(path)
+            return _aggregated("deployments") if path == "/apis" else {"kind": "APIGroupDiscoveryList", "items": []}
+
+    for _ in range(2):
+        found = await DiscoveryClient(Server()).discover()  # type: ignore[arg-type]
+        assert [g.resource for g in found.resources] == ["deployments"]
+    assert sorted(calls) == ["/api", "/api", "/apis", "/apis"]

@@ -4,6 +4,7 @@ incomplete watches, a server that ignores watch-list, failing listeners), and th
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from contextlib import asynccontextmanager
 
@@ -651,6 +652,39 @@ async def test_stopped_informers_leave_no_metric_series():
         await asyncio.gather(*(i.stop() for i in informers))  # stopping twice is harmless
     assert all(samples_of(registry, g) == [] for g in gvrs)
     assert not any(str(g) in s.labels.values() for f in registry.collect() for s in f.samples for g in gvrs)
+
+
+async def test_gauges_are_read_from_the_informer_at_scrape_time():
+    """No prometheus child per informer: the gauges are read when scraped, and go with their handler or informer."""
+    registry = CollectorRegistry()
+    metrics = InformerMetrics.for_registry(registry)
+    gvr = GVR("example.com", "v1", "gauged")
+    inf = SharedIndexInformer(FakeClient([page("10", n=3)]), gvr, metrics=metrics,
+                              options=ReflectorOptions(watch_list=False))
+    reg = inf.add_event_handler(FuncHandler(on_add=lambda obj, initial: None, name="h"))
+
+    def gauges():
+        return {(s.name, s.labels.get("handler")): s.value for s in samples_of(registry, gvr)
+                if s.name in ("informer_objects", "informer_synced", "informer_handler_queue_depth",
+                              "informer_last_resource_version")}
+
+    assert gauges() == {("informer_objects", None): 0, ("informer_handler_queue_depth", "h"): 0,
+                        ("informer_last_resource_version", None): 0}
+    inf.start()
+    try:
+        await eventually(inf.has_synced, 10, "synced")
+        assert gauges() == {("informer_objects", None): 3, ("informer_synced", None): 1,
+                            ("informer_handler_queue_depth", "h"): 0, ("informer_last_resource_version", None): 10}
+        await inf.remove_event_handler(reg)
+        assert ("informer_handler_queue_depth", "h") not in gauges()
+    finally:
+        await inf.stop()
+    assert gauges() == {}
+    again = SharedIndexInformer(FakeClient([page("10")]), gvr, metrics=metrics)
+    assert gauges()
+    del again
+    gc.collect()
+    assert gauges() == {}  # an informer dropped without stop() leaves nothing behind either
 
 
 async def test_a_watch_that_delivered_again_gets_the_shortcut_at_the_next_cut():

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from informers import GVR, GVRState, ResourceFilter, ResourceInfo
 from informers.discovery_triggers import CRDInfo
-from informers.wanted import NOT_REQUIRED, UNCHECKED, select, wanted_set
+from informers.wanted import NOT_REQUIRED, UNCHECKED, _status, select, wanted_set
 
 CONFIGMAPS = GVR("", "v1", "configmaps")
 SECRETS = GVR("", "v1", "secrets")
@@ -94,3 +96,20 @@ def test_a_namespace_restricts_a_copy_of_the_callers_filter() -> None:
     f = DiscoveringDynamicSharedInformerFactory(ApiClient(Configuration()), DiscoveryOptions(filter=rules,
                                                                                              namespace="team-a"))
     assert f.filter.namespaced_only and not rules.namespaced_only
+
+
+def test_members_with_equal_statuses_share_them() -> None:
+    """Statuses are shared by value across members (a bounded cache), never changed in place."""
+    def decide(denied: dict[GVR, str]) -> Any:
+        s = select(served(CONFIGMAPS, SECRETS, WIDGETS), ResourceFilter(exclude=["core/secrets"]), None, set(),
+                   no_crd)
+        return wanted_set(s, Verdicts(denied, set()), {CONFIGMAPS}, "required").status
+
+    one, two = decide({}), decide({})
+    assert one == two and one is not two
+    assert all(one[g] is two[g] for g in one)
+    assert one[WIDGETS].state == GVRState.IDLE and one[SECRETS].state == GVRState.EXCLUDED
+    other = decide({WIDGETS: "user b may not watch"})
+    assert other[WIDGETS].reason == "user b may not watch" and one[WIDGETS].reason == NOT_REQUIRED
+    assert other[CONFIGMAPS] is one[CONFIGMAPS]
+    assert _status.cache_info().maxsize is not None  # bounded

@@ -16,9 +16,8 @@ from typing import Any, Iterable, Iterator
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
 
-from informers.metrics import InformerMetrics
+from informers.metrics import FAMILIES
 from syncer.sharding.state import HANDOVERS
 from syncer.testing.controlplane import ControlPlane
 from tests.helpers import free_port
@@ -43,8 +42,8 @@ _TEMPLATE_LABEL = re.compile(r"\{\{\s*(?:\$labels\.)?([a-zA-Z_]\w*)\s*\}\}")
 # watch, a shard handover): declared on /metrics (`# TYPE`) with no sample yet, so their labels are taken from where
 # they are declared.
 _UNSAMPLED_LABELS: dict[str, set[str]] = {
-    "informer_relists_total": set(InformerMetrics(CollectorRegistry()).relists._labelnames),
-    "informer_errors_total": set(InformerMetrics(CollectorRegistry()).errors._labelnames),
+    "informer_relists_total": {"cluster", "gvr", *FAMILIES["informer_relists_total"][2]},
+    "informer_errors_total": {"cluster", "gvr", *FAMILIES["informer_errors_total"][2]},
     "syncer_shard_handovers_total": set(HANDOVERS._labelnames),
 }
 
