@@ -152,9 +152,9 @@ class DiscoveryClient:
 
     async def _get_aggregated(self, path: str, result: DiscoveryResult) -> "_Aggregated | None":
         """``path``'s aggregated document, read (None: the server answered with something else). Through
-        ``ApiClient``'s own ``request`` the raw bytes are looked up in ``_PARSED`` first; a client that overrides
-        ``request`` (a test double, a wrapper) is asked through it, as ever."""
-        if type(self.client).request is not ApiClient.request:
+        ``ApiClient``'s own ``request`` the raw bytes are looked up in ``_PARSED`` first; a client whose ``request``
+        is another (a test double, a wrapper) is asked through it."""
+        if getattr(self.client.request, "__func__", None) is not ApiClient.request:
             return _read_aggregated(await self._get(path, result, _AGGREGATED))
         return _parsed(await self._ask(self.client.request_bytes, path, result, _AGGREGATED))
 

@@ -98,10 +98,18 @@ class _ScrapeCollector:
 
     def collect(self) -> Iterator[Metric]:
         values: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in FAMILIES}
+        live = set()
         for owner, series in list(self.metrics._observed.items()):
+            live.add(series)
             for name, extra, value in owner.metric_readings():
                 found, key = values[name], (*series, *extra)
                 found[key] = found.get(key, 0) + value if FAMILIES[name][0] else value
+        for series in [s for s in self.metrics._owners if s not in live]:
+            self.metrics._drop(series)  # its owners were dropped without being forgotten
+        for series, readings in self.metrics._retired.items():
+            for (name, extra), value in readings.items():
+                found, key = values[name], (*series, *extra)
+                found[key] = found.get(key, 0) + value
         for name, (counter, documentation, extra_labels) in FAMILIES.items():
             kind = CounterMetricFamily if counter else GaugeMetricFamily
             family = kind(name, documentation, labels=["cluster", "gvr", *extra_labels])
@@ -127,11 +135,14 @@ class InformerMetrics(MetricSet):
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
         # Every per-GVR series is counted or read in plain Python on its informer or reflector and exposed at
-        # scrape time (``FAMILIES``): a prometheus_client Counter.inc() per watch event would cost a sizeable
-        # part of handling the event, and making a prometheus_client child per series as each informer started
-        # was ~3 % of a fleet's bring-up CPU (py-spy, 250 members) and ~1 KiB a child (a dozen per member).
-        # client-go's informers export no such series; ours keep them, only cheaper.
+        # scrape time (``FAMILIES``): a prometheus_client Counter.inc() per watch event, or a child per series
+        # made as each informer starts, costs a fleet CPU and memory per member for figures that are only read
+        # when scraped. client-go's informers export no such series; ours keep them, only cheaper.
         self._observed: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
+        # Per (cluster, GVR): how many owners were observed and not yet forgotten, and the counter readings of the
+        # forgotten ones, still added in while another owner of the series lives so a counter never goes down.
+        self._owners: dict[tuple[str, str], int] = {}
+        self._retired: dict[tuple[str, str], dict[tuple[str, tuple[str, ...]], float]] = {}
         registry.register(_ScrapeCollector(self))
 
     def for_cluster(self, cluster: str) -> "InformerMetrics":
@@ -146,9 +157,28 @@ class InformerMetrics(MetricSet):
     def observe(self, owner: Observed, gvr: str) -> None:
         """Show ``owner``'s readings (``FAMILIES``), under this view's cluster and ``gvr``, on every scrape until
         ``owner`` is forgotten or gone (it is held weakly)."""
-        self._observed[owner] = (self.cluster, gvr)
+        if owner not in self._observed:
+            series = (self.cluster, gvr)
+            self._owners[series] = self._owners.get(series, 0) + 1
+            self._observed[owner] = series
 
-    def forget(self, owner: object) -> None:
-        """Stop showing ``owner``'s readings: a series none of whose owners is left is gone from /metrics (no-op
-        for an unknown or already forgotten owner)."""
-        self._observed.pop(owner, None)
+    def forget(self, owner: Observed) -> None:
+        """Stop showing ``owner``'s readings: its counts stay in its series' counters while another owner of the
+        series lives, and a series none of whose owners is left is gone from /metrics (no-op for an unknown or
+        already forgotten owner)."""
+        series = self._observed.pop(owner, None)
+        if series is None:
+            return
+        left = self._owners.get(series, 1) - 1
+        if left <= 0:
+            self._drop(series)
+            return
+        self._owners[series] = left
+        retired = self._retired.setdefault(series, {})
+        for name, extra, value in owner.metric_readings():
+            if FAMILIES[name][0]:
+                retired[name, extra] = retired.get((name, extra), 0) + value
+
+    def _drop(self, series: tuple[str, str]) -> None:
+        self._owners.pop(series, None)
+        self._retired.pop(series, None)

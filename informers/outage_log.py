@@ -1,10 +1,9 @@
 """OutageLog: the level of a log line about a client's outage, INFO for the first of its kind, DEBUG for repeats.
 
 When a member's API server goes down, each of its reflectors fails, retries and resumes on its own; a line per
-reflector and attempt told an operator nothing the first one had not (a 500-member storm logged ~8,500 INFO
-lines, ~1,000 now), and each was formatted and written in the storm's busiest seconds. An outage of a client is
-counted by its ``recoveries`` (the server answering after connection errors ends one). client-go logs every failed
-watch.
+reflector and attempt tells an operator nothing the first one did not, and each would be formatted and written
+in a storm's busiest seconds. An outage of a client is counted by its ``recoveries`` (the server answering after
+connection errors ends one). client-go logs every failed watch.
 """
 
 from __future__ import annotations

@@ -142,6 +142,7 @@ class Reflector:
         self._unreachable = False  # the last failure was a connection error
         self._shortcut_taken = False  # one early retry per unreachable run: see the module docstring
         self._resuming = False  # answered again after connection errors, and no success yet
+        self._restarted = False  # told its server is shutting down, and no success yet: a 410 next is expected
         self._resume_backoff = Backoff(initial=_RESUME_INITIAL)
         self._init_backoff = Backoff(initial=0.05, jitter=0.2)
         self._log = logger.bind(gvr=str(gvr))
@@ -216,10 +217,11 @@ class Reflector:
             else:
                 if e.status == 503 and "shutting down" in e.message:
                     self.client.went_away()  # what answers next is the restarted server: an outage's end
+                    self._restarted = True
                 self._require_relist(f"http_{e.status}")
             if e.status in (401, 403, 404):
                 level = "WARNING"
-            elif "initializing" in e.message or (e.is_gone and self._resuming):
+            elif "initializing" in e.message or (e.is_gone and self._after_outage):
                 level = "DEBUG"  # a restarted server's first answers: expected, and the relist follows
             elif e.status == 503 and "shutting down" in e.message:
                 level = _OUTAGE_STARTS.level(self.client)
@@ -295,6 +297,11 @@ class Reflector:
             self._need_list = True
             self._count("informer_relists_total", reason)
 
+    @property
+    def _after_outage(self) -> bool:
+        """Whether the server is answering again after being unreachable or restarting: its 410s are expected."""
+        return self._resuming or self._restarted
+
     def _clear_error(self) -> None:
         """The last failure no longer describes the reflector: tell ``on_recovered`` if there was one."""
         if self.last_error is not None:
@@ -304,7 +311,7 @@ class Reflector:
 
     def _succeeded(self) -> None:
         self._clear_error()
-        self._unreachable = self._shortcut_taken = self._resuming = False
+        self._unreachable = self._shortcut_taken = self._resuming = self._restarted = False
         self._init_backoff.reset()
         self._resume_backoff.reset()
 
@@ -316,7 +323,7 @@ class Reflector:
         except ApiError as e:
             if not (e.is_gone and rv != ""):
                 raise
-            self._log.log("DEBUG" if self._resuming else "INFO",
+            self._log.log("DEBUG" if self._after_outage else "INFO",
                           "list of {} at resourceVersion {} expired; listing the latest", self.gvr, rv)
             items, list_rv, _ = await self._paged_list("")
         else:
@@ -389,7 +396,7 @@ class Reflector:
             except ApiError as e:
                 if e.is_gone and rv and self._need_list:
                     # As with a LIST: the last synced RV has expired, so stream the latest state at once.
-                    self._log.log("DEBUG" if self._resuming else "INFO",
+                    self._log.log("DEBUG" if self._after_outage else "INFO",
                                   "watch-list of {} at resourceVersion {} expired; streaming the latest", self.gvr, rv)
                     self._rv_unavailable = True
                     continue

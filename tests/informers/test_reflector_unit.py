@@ -79,6 +79,9 @@ class FakeClient:
         while self.answered_past < errors:
             await self._answered.wait()
 
+    def went_away(self):
+        self.went = True
+
     async def request(self, method, path, params=None, body=None):
         self.list_params.append(dict(params))
         item = self.lists.pop(0)
@@ -608,6 +611,20 @@ async def test_an_outage_is_logged_once_per_client_at_info_and_its_410_relist_at
     assert "interrupted" in outage[0] and "answers again" in outage[1]
 
 
+async def test_the_410_after_the_server_said_it_shuts_down_is_logged_at_debug(logs):
+    # A graceful restart: the watch ends with 503 "shutting down" (no connection error), and the restarted server
+    # answers the relist at the last resourceVersion with 410. That 410 is expected of every reflector: DEBUG, as
+    # after an outage.
+    client = FakeClient([page("10"), ApiError(410, "Expired", "too old resource version"), page("20")],
+                        [ApiError(503, "ServiceUnavailable", "apiserver is shutting down"),
+                         [added("x", "21"), asyncio.Event()]])
+    sink = Sink()
+    async with running(reflector(client, sink, [])):
+        await eventually(lambda: sink.events == ["ADDED"], 10, "relisted and watching")
+    assert client.went
+    assert not [m for m in logs if "410" in m or "xpired" in m], logs
+
+
 def test_outage_log_says_info_once_per_client_and_outage():
     said, a, b = OutageLog(), FakeClient(), FakeClient()
     assert [said.level(a), said.level(a), said.level(b)] == ["INFO", "DEBUG", "INFO"]
@@ -652,6 +669,36 @@ async def test_stopped_informers_leave_no_metric_series():
         await asyncio.gather(*(i.stop() for i in informers))  # stopping twice is harmless
     assert all(samples_of(registry, g) == [] for g in gvrs)
     assert not any(str(g) in s.labels.values() for f in registry.collect() for s in f.samples for g in gvrs)
+
+
+async def test_a_counter_of_two_informers_of_one_gvr_does_not_go_down_when_one_stops():
+    registry = CollectorRegistry()
+    metrics = InformerMetrics.for_registry(registry)
+    gvr = GVR("example.com", "v1", "shared")
+
+    def lists():
+        return sum(s.value for s in samples_of(registry, gvr) if s.name == "informer_lists_total")
+
+    informers = [SharedIndexInformer(FakeClient([page("10")]), gvr, metrics=metrics,
+                                     options=ReflectorOptions(watch_list=False)) for _ in range(2)]
+    for inf in informers:
+        inf.start()
+    try:
+        await eventually(lambda: all(i.has_synced() for i in informers), 10, "both synced")
+        assert lists() == 2
+        await informers[0].stop()
+        assert lists() == 2  # a counter that went down would read as a reset to Prometheus
+    finally:
+        await asyncio.gather(*(i.stop() for i in informers))
+    assert samples_of(registry, gvr) == []
+    again = SharedIndexInformer(FakeClient([page("10")]), gvr, metrics=metrics,
+                                options=ReflectorOptions(watch_list=False))
+    again.start()
+    try:
+        await eventually(again.has_synced, 10, "synced")
+        assert lists() == 1  # a series watched again starts from zero
+    finally:
+        await again.stop()
 
 
 async def test_gauges_are_read_from_the_informer_at_scrape_time():
