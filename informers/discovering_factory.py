@@ -10,6 +10,12 @@ factory still discovers everything (``status()`` shows it all) but watches only 
 what ``for_resource`` asked for (the shared CRD and APIService informers of the discovery triggers among them).
 A metadata-only key (``gvr.only_metadata()``) is a cache apart, in either mode watched only when required or
 asked for, while its GVR is served and permitted; discovery, filters, permissions and CRD identity are its GVR's.
+
+With ``watch="required"`` the CRD and APIService triggers run only once something outside the legacy core group
+(``/api/v1``) is wanted: a CRD's group must contain a dot and the aggregator never serves ``/api``, so no CRD or
+APIService event can change whether a core resource is served; only the server itself can (an upgrade: the pass
+after an outage, or the slow safety-net pass, sees it). A fleet member whose controllers watch ConfigMaps, Secrets
+or Pods thus opens one watch per required GVR, not two more for the triggers.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ class DiscoveryOptions:
     ``filter`` selects GVRs (with ``namespace``, cluster-scoped ones are left out); ``label_selector``,
     ``indexers``, ``transform``, ``reflector`` and ``field_selectors`` shape its informers
     (``DynamicSharedInformerFactory``); ``check_permissions`` drops GVRs the user may not list and watch
-    (SelfSubjectAccessReview); ``watch_triggers`` watches CRDs and APIServices to know when to pass; the intervals
+    (SelfSubjectAccessReview); ``watch_triggers`` watches CRDs and APIServices to know when to pass (with ``watch="required"``, only
+    while something outside the core group is wanted); the intervals
     are the discovery loop's; ``removal_timeout`` bounds a GVR's removal hooks; ``watch`` is ``"all"`` or
     ``"required"`` (module docstring).
     """
@@ -180,6 +187,7 @@ class DiscoveringDynamicSharedInformerFactory:
         inf, lister = self.informer_set.factory.for_resource(gvr)
         if self._running and gvr not in self.informer_set.adopted():
             self.informer_set.adopt(gvr)
+            self._begin_triggers_if_needed()
         return inf, lister
 
     async def stop_resource(self, gvr: GVR) -> None:
@@ -203,6 +211,7 @@ class DiscoveringDynamicSharedInformerFactory:
             changed = {g for g in changed if g.metadata_only}  # the only ones "all" does not watch anyway
         if not self._running or not changed:
             return  # before start, the first pass reads the requirements
+        self._begin_triggers_if_needed()
         # The last pass found these watchable: their consumer need not wait for the next one to say so again.
         started = {g for g in changed & self.demand.required() if g.full in self._permitted}
         started -= self.informer_set.all().keys()
@@ -236,7 +245,7 @@ class DiscoveringDynamicSharedInformerFactory:
         try:
             for gvr in list(self.demand.explicit):
                 self.for_resource(gvr)
-            if self.options.watch_triggers:
+            if self._triggers_needed():
                 await self.triggers.start()
             await self.loop.first_pass()
             # Legacy discovery is two rounds of requests; every other wait of a pass is bounded on its own.
@@ -259,10 +268,21 @@ class DiscoveringDynamicSharedInformerFactory:
         """Ask for a discovery pass soon (coalesced with other requests)."""
         self.loop.trigger()
 
+    def _triggers_needed(self) -> bool:
+        """Whether the triggers should run: they are on, and a CRD or APIService can change what is wanted
+        (module docstring)."""
+        return self.options.watch_triggers and (self.watch == "all" or any(g.group for g in self.demand.wanted()))
+
+    def _begin_triggers_if_needed(self) -> None:
+        if not self.triggers.started and self._triggers_needed():
+            self.triggers.begin()
+
     def _blind(self) -> bool:
-        """Whether only a pass can see a change: a trigger cannot watch, or a GVR is forbidden (RBAC is not
-        watched)."""
-        watching = self.options.watch_triggers and all(self.triggers.watching(g) for g in (CRDS, APISERVICES))
+        """Whether only a pass can see a change: a needed trigger is off or cannot watch, or a GVR is forbidden
+        (RBAC is not watched)."""
+        if not self.options.watch_triggers:
+            return True
+        watching = not self._triggers_needed() or all(self.triggers.watching(g) for g in (CRDS, APISERVICES))
         return not watching or self.status_book.any_forbidden()
 
     async def _pass(self, periodic: bool) -> AccessReviewsFailed | None:

@@ -117,14 +117,29 @@ class DiscoveryTriggers:
         self.rediscovery_interval = rediscovery_interval
         self._watches: dict[GVR, _Watch] = {}
         self._tasks: list[str] = []
+        self._begun = False
         self._crd_backed: set[tuple[str, str]] = set()
         self._crd_retries = 0
         self._retry_timer: asyncio.TimerHandle | None = None
         self._log = logger.bind(component=name)
 
+    @property
+    def started(self) -> bool:
+        """Whether ``begin`` (or ``start``) has run."""
+        return self._begun
+
     async def start(self, timeout: float = 30.0) -> None:
         """Start watching; return once every trigger has synced, been refused, or met an unreachable server
         (or after ``timeout``). Those not synced yet keep trying and ask for a pass when they sync."""
+        self.begin()
+        await wait_first(asyncio.gather(*(w.answered.wait() for w in self._watches.values())), timeout=timeout)
+
+    def begin(self) -> None:
+        """Start watching without waiting: a pass before a trigger has synced goes without its cache, and the
+        trigger asks for another once it has. Idempotent."""
+        if self._begun:
+            return
+        self._begun = True  # first: a provider's for_resource may call back here
         for gvr, changed, serves in ((CRDS, _crd_changed, _established), (APISERVICES, _apiservice_changed,
                                                                              _aggregated)):
             provider = self.providers[gvr]
@@ -136,7 +151,6 @@ class DiscoveryTriggers:
             task = f"{self.name} trigger {gvr.resource}"
             self.supervisor.spawn(task, partial(self._settle, w), restart=False)
             self._tasks.append(task)
-        await wait_first(asyncio.gather(*(w.answered.wait() for w in self._watches.values())), timeout=timeout)
 
     async def _settle(self, w: _Watch, handle: TaskHandle) -> None:
         if await wait_first(w.informer.wait_for_sync(), w.denied.wait()) == 1:
@@ -163,6 +177,7 @@ class DiscoveryTriggers:
             await self.supervisor.cancel(task)
         self._tasks.clear()
         self._watches.clear()
+        self._begun = False
 
     # -- what the caches say -----------------------------------------------------------------------------
     def crds(self) -> dict[tuple[str, str], CRDInfo] | None:

@@ -91,7 +91,7 @@ async def test_a_member_heard_from_makes_no_requests_beyond_its_watches(
         await eventually(lambda: (member(registry, "quiet") or {}).get("ready") is True, 30, "the member ready")
         cluster = registry.cluster("quiet")
         factory = cluster.factory
-        assert factory.triggers.watching(CRDS) and factory.triggers.watching(APISERVICES)
+        assert not factory.triggers.started  # ConfigMaps only: no CRD or APIService can change their serving
         await asyncio.sleep(3.0)  # the start's own requests are over
         requests, watches, passes = requests_made(cluster.client), watches_opened(metrics, "quiet"), factory.passes
         await asyncio.sleep(7.0)  # three probe rounds, seven short rediscovery periods
@@ -136,14 +136,18 @@ async def test_a_crd_installed_in_a_member_is_picked_up_by_its_trigger(
         await registry.stop()
 
 
-async def test_the_safety_net_pass_runs_while_the_triggers_watch(api: ApiClient) -> None:
-    """Triggers watching: passes come at ``full_rediscovery_interval`` (jittered), not at the short period."""
+@pytest.mark.parametrize("required", [[GIZMOS], [CONFIGMAPS]], ids=["triggers", "core-only"])
+async def test_the_safety_net_pass_runs_while_the_triggers_watch(api: ApiClient, required: list[GVR]) -> None:
+    """Triggers watching, or not needed (only core resources wanted): passes come at ``full_rediscovery_interval``
+    (jittered), not at the short period."""
     f = DiscoveringDynamicSharedInformerFactory(
         api, DiscoveryOptions(watch="required", rediscovery_interval=0.2, full_rediscovery_interval=1.0),
         metrics_registry=CollectorRegistry())
+    f.require("test", required)
     await f.start()
     try:
-        assert f.triggers.watching(CRDS) and f.triggers.watching(APISERVICES)
+        watching = f.triggers.watching(CRDS) and f.triggers.watching(APISERVICES)
+        assert watching is (required == [GIZMOS])
         passes = f.passes
         await asyncio.sleep(4.0)
         # 1 to 1.2 s apart: three or four in 4 s (twenty at the short period)

@@ -90,7 +90,7 @@ def watched(f: DiscoveringDynamicSharedInformerFactory) -> set[GVR]:
 
 
 # -- the factory, unit-level ------------------------------------------------------------------------------
-async def test_only_required_gvrs_and_the_triggers_are_watched() -> None:
+async def test_only_required_gvrs_are_watched() -> None:
     server = StubServer({CONFIGMAPS, SECRETS, PODS, *TRIGGERS})
     f = stub_factory(server)
     removed: list[GVR] = []
@@ -102,10 +102,10 @@ async def test_only_required_gvrs_and_the_triggers_are_watched() -> None:
     f.require("early", [PODS])  # before start: the first pass reads it
     await f.start()
     try:
-        # The triggers work although nobody requires CRDs or APIServices (on informers of their own).
+        # Only core resources wanted: no CRD or APIService event can change what is served, so no trigger runs.
         assert watched(f) == {PODS}
-        await eventually(lambda: server.watched() == {"pods", "customresourcedefinitions", "apiservices"}, 5)
-        assert f.triggers.watching(CRDS) and f.triggers.watching(APISERVICES)
+        await eventually(lambda: server.watched() == {"pods"}, 5)
+        assert not f.triggers.started and not f._blind()
         assert states(f)[SECRETS] == GVRState.IDLE and f.explain(SECRETS) == IDLE
         assert f.explain(CONFIGMAPS) == IDLE
         f.require("a", [CONFIGMAPS])
@@ -126,7 +126,42 @@ async def test_only_required_gvrs_and_the_triggers_are_watched() -> None:
         status = {s.gvr: s for s in f.status()}
         assert (status[CONFIGMAPS].state, status[CONFIGMAPS].reason) == (GVRState.IDLE, IDLE.split(": ")[1])
         assert status[SECRETS].state == GVRState.SYNCED
-        assert status[CRDS].state == GVRState.IDLE  # watched by its trigger, on an informer of its own
+        assert status[CRDS].state == GVRState.IDLE
+    finally:
+        await f.shutdown()
+
+
+async def test_the_triggers_start_once_a_resource_outside_the_core_group_is_wanted() -> None:
+    widgets = GVR("example.com", "v1", "widgets")
+    server = StubServer({CONFIGMAPS, widgets, *TRIGGERS})
+    f = stub_factory(server)
+    f.require("a", [CONFIGMAPS])
+    await f.start()
+    try:
+        assert not f.triggers.started
+        f.require("b", [widgets])
+        # On informers of their own (nobody requires CRDs or APIServices), without holding up the requirement.
+        assert f.triggers.started and widgets in watched(f)
+        await eventually(lambda: server.watched() == {"configmaps", "widgets", "customresourcedefinitions",
+                                                      "apiservices"}, 5)
+        await eventually(lambda: f.triggers.watching(CRDS) and f.triggers.watching(APISERVICES), 5)
+        assert watched(f) == {CONFIGMAPS, widgets} and not f._blind()
+        f.release("b")  # the triggers keep watching: the next requirement need not wait for them
+        await eventually(lambda: watched(f) == {CONFIGMAPS}, 5, "widgets stopped")
+        assert f.triggers.started
+    finally:
+        await f.shutdown()
+    assert server.watched() == set()
+
+
+async def test_an_explicit_request_outside_the_core_group_starts_the_triggers() -> None:
+    server = StubServer({CONFIGMAPS, *TRIGGERS})
+    f = stub_factory(server)
+    await f.start()
+    try:
+        assert not f.triggers.started
+        f.for_resource(GVR("example.com", "v1", "widgets"))
+        assert f.triggers.started
     finally:
         await f.shutdown()
 
@@ -262,7 +297,7 @@ async def test_a_required_mode_factory_watches_only_what_its_controllers_require
     m = ControllerManager("demand-it", f, {"cms": controller(cms, CONFIGMAPS)}, backoff=fast_backoff)
     try:
         assert watched(f) == set()
-        assert set(f._meta.informers()) == TRIGGERS  # the triggers' own (trigger views): nobody else needs them
+        assert set(f._meta.informers()) == set()  # the triggers' own: none while only core resources are wanted
         await m.start()
         await eventually(lambda: cms.running == 1, 20, "the configmaps controller running")
         assert watched(f) == {CONFIGMAPS}
