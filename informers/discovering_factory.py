@@ -14,8 +14,12 @@ asked for, while its GVR is served and permitted; discovery, filters, permission
 With ``watch="required"`` the CRD and APIService triggers run only once something outside the legacy core group
 (``/api/v1``) is wanted: a CRD's group must contain a dot and the aggregator never serves ``/api``, so no CRD or
 APIService event can change whether a core resource is served; only the server itself can (an upgrade: the pass
-after an outage, or the slow safety-net pass, sees it). A fleet member whose controllers watch ConfigMaps, Secrets
-or Pods thus opens one watch per required GVR, not two more for the triggers.
+after an outage, or the slow safety-net pass, sees it). The APIService trigger joins only once a wanted resource
+outside it is not served by a CRD (not served yet, or an aggregated API's): the APIService of a CRD's group is the
+apiserver's own, kept local by its autoregistration, so while every such resource is a CRD's only CRD events can
+change its serving. A trigger, once begun, watches until shutdown. A fleet member whose controllers watch
+ConfigMaps, Secrets or Pods thus opens one watch per required GVR and none for the triggers; one that also watches
+a custom resource, one more.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from .client import ApiClient
 from .demand import Demand
 from .discovery import DiscoveryClient, DiscoveryResult, ResourceInfo
 from .discovery_loop import DiscoveryLoop
-from .discovery_triggers import APISERVICES, CRDS, DiscoveryTriggers, InformerProvider, trigger_view
+from .discovery_triggers import APISERVICES, CRDS, CRDInfo, DiscoveryTriggers, InformerProvider, trigger_view
 from .factory import DynamicSharedInformerFactory
 from .gvr import GVR
 from .gvr_listeners import GVRHandler
@@ -52,6 +56,7 @@ __all__ = ["DiscoveringDynamicSharedInformerFactory", "DiscoveryOptions", "GVRSt
            "WatchMode"]
 
 _PASS_SLACK = 10.0  # a pass's own work besides its bounded waits, generously
+_BOTH, _CRDS_ONLY = frozenset((CRDS, APISERVICES)), frozenset((CRDS,))
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,7 @@ class DiscoveringDynamicSharedInformerFactory:
                                           rediscovery_interval=o.rediscovery_interval)
         self.status_book = StatusBook(self.triggers)
         self._permitted: frozenset[GVR] = frozenset()  # served, selected and permitted at the last pass
+        self._needed_triggers: frozenset[GVR] = frozenset()  # the triggers begun (``_triggers_needed``)
         self._running = False
         self._log = logger.bind(component=name)
 
@@ -245,8 +251,9 @@ class DiscoveringDynamicSharedInformerFactory:
         try:
             for gvr in list(self.demand.explicit):
                 self.for_resource(gvr)
-            if self._triggers_needed():
-                await self.triggers.start()
+            # Before the first pass only the CRD trigger can be known to be needed (``_triggers_needed``).
+            self._needed_triggers |= self._triggers_needed(None, None)
+            await self.triggers.start(self._needed_triggers)
             await self.loop.first_pass()
             # Legacy discovery is two rounds of requests; every other wait of a pass is bounded on its own.
             reviews = self.access.budget if self.options.check_permissions else 0.0
@@ -268,21 +275,36 @@ class DiscoveringDynamicSharedInformerFactory:
         """Ask for a discovery pass soon (coalesced with other requests)."""
         self.loop.trigger()
 
-    def _triggers_needed(self) -> bool:
-        """Whether the triggers should run: they are on, and a CRD or APIService can change what is wanted
-        (module docstring)."""
-        return self.options.watch_triggers and (self.watch == "all" or any(g.group for g in self.demand.wanted()))
+    def _triggers_needed(self, crds: Mapping[tuple[str, str], CRDInfo] | None,
+                         result: DiscoveryResult | None) -> frozenset[GVR]:
+        """The triggers that can tell this factory something (module docstring): none while only core resources
+        are wanted; only the CRD trigger while every wanted resource outside the core group is served by a CRD
+        (``crds``, ``result``: the CRD cache and discovery, None if not known yet: the CRD trigger first);
+        both with ``watch="all"`` or when something else is wanted (unserved, or not a CRD's)."""
+        if not self.options.watch_triggers:
+            return frozenset()
+        if self.watch == "all":
+            return _BOTH
+        outside = {g.full for g in self.demand.wanted() if g.group}
+        if not outside:
+            return frozenset()
+        if result is None:
+            return _CRDS_ONLY
+        if crds is None or any(g not in result.resources or g.version not in getattr(
+                crds.get((g.group, g.resource)), "served", ()) for g in outside):
+            return _BOTH
+        return _CRDS_ONLY
 
     def _begin_triggers_if_needed(self) -> None:
-        if not self.triggers.started and self._triggers_needed():
-            self.triggers.begin()
+        self._needed_triggers |= self._triggers_needed(None, None)
+        self.triggers.begin(self._needed_triggers)
 
     def _blind(self) -> bool:
-        """Whether only a pass can see a change: a needed trigger is off or cannot watch, or a GVR is forbidden
-        (RBAC is not watched)."""
+        """Whether only a pass can see a change: the triggers are off, a needed one cannot watch, or a GVR is
+        forbidden (RBAC is not watched)."""
         if not self.options.watch_triggers:
             return True
-        watching = not self._triggers_needed() or all(self.triggers.watching(g) for g in (CRDS, APISERVICES))
+        watching = all(self.triggers.watching(g) for g in self._needed_triggers)
         return not watching or self.status_book.any_forbidden()
 
     async def _pass(self, periodic: bool) -> AccessReviewsFailed | None:
@@ -308,6 +330,9 @@ class DiscoveringDynamicSharedInformerFactory:
                         len(wanted.desired), result.requests, (time.monotonic() - started) * 1000)
         if crds is not None:
             self.triggers.after_pass(crds, result)
+        # A trigger once needed keeps watching (the next requirement need not wait for it to sync).
+        self._needed_triggers |= self._triggers_needed(crds, result)
+        self.triggers.begin(self._needed_triggers)
         if changed:
             self._notifier.notify_all()
         return incomplete

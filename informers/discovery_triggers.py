@@ -19,7 +19,7 @@ import asyncio
 import sys
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
 
 from loguru import logger
 
@@ -35,6 +35,7 @@ from .wait import wait_first
 
 CRDS = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 APISERVICES = GVR("apiregistration.k8s.io", "v1", "apiservices")
+TRIGGERS = (CRDS, APISERVICES)
 # Discovery lags a moment behind a CRD becoming Established: look again this soon, this many times in a row.
 _CRD_RETRY_DELAY = 0.2
 _CRD_RETRY_LIMIT = 50
@@ -117,31 +118,32 @@ class DiscoveryTriggers:
         self.rediscovery_interval = rediscovery_interval
         self._watches: dict[GVR, _Watch] = {}
         self._tasks: list[str] = []
-        self._begun = False
+        self._begun: set[GVR] = set()
         self._crd_backed: set[tuple[str, str]] = set()
         self._crd_retries = 0
         self._retry_timer: asyncio.TimerHandle | None = None
         self._log = logger.bind(component=name)
 
-    @property
-    def started(self) -> bool:
-        """Whether ``begin`` (or ``start``) has run."""
-        return self._begun
+    def started(self, gvr: GVR) -> bool:
+        """Whether the trigger on ``gvr`` (``CRDS`` or ``APISERVICES``) has begun (it may have been refused since)."""
+        return gvr in self._begun
 
-    async def start(self, timeout: float = 30.0) -> None:
-        """Start watching; return once every trigger has synced, been refused, or met an unreachable server
+    async def start(self, gvrs: Iterable[GVR] = TRIGGERS, timeout: float = 30.0) -> None:
+        """Start the triggers on ``gvrs``; return once each has synced, been refused, or met an unreachable server
         (or after ``timeout``). Those not synced yet keep trying and ask for a pass when they sync."""
-        self.begin()
-        await wait_first(asyncio.gather(*(w.answered.wait() for w in self._watches.values())), timeout=timeout)
+        gvrs = tuple(gvrs)
+        self.begin(gvrs)
+        await wait_first(asyncio.gather(*(w.answered.wait() for g, w in self._watches.items() if g in gvrs)),
+                         timeout=timeout)
 
-    def begin(self) -> None:
-        """Start watching without waiting: a pass before a trigger has synced goes without its cache, and the
-        trigger asks for another once it has. Idempotent."""
-        if self._begun:
-            return
-        self._begun = True  # first: a provider's for_resource may call back here
-        for gvr, changed, serves in ((CRDS, _crd_changed, _established), (APISERVICES, _apiservice_changed,
-                                                                             _aggregated)):
+    def begin(self, gvrs: Iterable[GVR] = TRIGGERS) -> None:
+        """Start the triggers on ``gvrs`` not started yet, without waiting: a pass before a trigger has synced
+        goes without its cache, and the trigger asks for another once it has."""
+        for gvr in gvrs:
+            if gvr in self._begun:
+                continue
+            self._begun.add(gvr)  # first: a provider's for_resource may call back here
+            changed, serves = _RULES[gvr]
             provider = self.providers[gvr]
             inf, _ = provider.for_resource(gvr)
             w = self._watches[gvr] = _Watch(gvr, provider, inf)
@@ -177,7 +179,7 @@ class DiscoveryTriggers:
             await self.supervisor.cancel(task)
         self._tasks.clear()
         self._watches.clear()
-        self._begun = False
+        self._begun.clear()
 
     # -- what the caches say -----------------------------------------------------------------------------
     def crds(self) -> dict[tuple[str, str], CRDInfo] | None:
@@ -279,3 +281,8 @@ def _apiservice_changed(old: Obj, new: Obj) -> bool:
     if not (_aggregated(old) or _aggregated(new)):
         return False  # a local group's APIService follows its CRDs, whose events already trigger passes
     return _available(old) != _available(new) or old.get("spec") != new.get("spec")
+
+
+# What makes each trigger fire: (has an update changed serving, can an object serve something now).
+_RULES: dict[GVR, tuple[Callable[[Obj, Obj], bool], Callable[[Obj], bool]]] = {
+    CRDS: (_crd_changed, _established), APISERVICES: (_apiservice_changed, _aggregated)}

@@ -91,7 +91,7 @@ async def test_a_member_heard_from_makes_no_requests_beyond_its_watches(
         await eventually(lambda: (member(registry, "quiet") or {}).get("ready") is True, 30, "the member ready")
         cluster = registry.cluster("quiet")
         factory = cluster.factory
-        assert not factory.triggers.started  # ConfigMaps only: no CRD or APIService can change their serving
+        assert not factory.triggers.started(CRDS)  # ConfigMaps only: no CRD or APIService can change their serving
         await asyncio.sleep(3.0)  # the start's own requests are over
         requests, watches, passes = requests_made(cluster.client), watches_opened(metrics, "quiet"), factory.passes
         await asyncio.sleep(7.0)  # three probe rounds, seven short rediscovery periods

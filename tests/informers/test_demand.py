@@ -12,6 +12,7 @@ import pytest
 from controllers import ControllerManager, ManagedController
 from informers import GVR, ApiClient, GVRState, ResourceFilter
 from informers.discovering_factory import DiscoveringDynamicSharedInformerFactory
+from informers.discovery import DiscoveryClient
 from informers.discovery_triggers import APISERVICES, CRDS
 from informers.reflector import INITIAL_EVENTS_END
 
@@ -105,7 +106,7 @@ async def test_only_required_gvrs_are_watched() -> None:
         # Only core resources wanted: no CRD or APIService event can change what is served, so no trigger runs.
         assert watched(f) == {PODS}
         await eventually(lambda: server.watched() == {"pods"}, 5)
-        assert not f.triggers.started and not f._blind()
+        assert not f.triggers.started(CRDS) and not f._blind()
         assert states(f)[SECRETS] == GVRState.IDLE and f.explain(SECRETS) == IDLE
         assert f.explain(CONFIGMAPS) == IDLE
         f.require("a", [CONFIGMAPS])
@@ -138,17 +139,18 @@ async def test_the_triggers_start_once_a_resource_outside_the_core_group_is_want
     f.require("a", [CONFIGMAPS])
     await f.start()
     try:
-        assert not f.triggers.started
+        assert not f.triggers.started(CRDS)
         f.require("b", [widgets])
         # On informers of their own (nobody requires CRDs or APIServices), without holding up the requirement.
-        assert f.triggers.started and widgets in watched(f)
+        assert f.triggers.started(CRDS) and widgets in watched(f)
         await eventually(lambda: server.watched() == {"configmaps", "widgets", "customresourcedefinitions",
                                                       "apiservices"}, 5)
+        # The stub serves widgets but has no CRD for them: an aggregated API's, so the APIService trigger too.
         await eventually(lambda: f.triggers.watching(CRDS) and f.triggers.watching(APISERVICES), 5)
         assert watched(f) == {CONFIGMAPS, widgets} and not f._blind()
         f.release("b")  # the triggers keep watching: the next requirement need not wait for them
         await eventually(lambda: watched(f) == {CONFIGMAPS}, 5, "widgets stopped")
-        assert f.triggers.started
+        assert f.triggers.started(CRDS) and f.triggers.started(APISERVICES)
     finally:
         await f.shutdown()
     assert server.watched() == set()
@@ -159,9 +161,9 @@ async def test_an_explicit_request_outside_the_core_group_starts_the_triggers() 
     f = stub_factory(server)
     await f.start()
     try:
-        assert not f.triggers.started
+        assert not f.triggers.started(CRDS)
         f.for_resource(GVR("example.com", "v1", "widgets"))
-        assert f.triggers.started
+        assert f.triggers.started(CRDS)
     finally:
         await f.shutdown()
 
@@ -311,6 +313,36 @@ async def test_a_required_mode_factory_watches_only_what_its_controllers_require
     finally:
         await m.stop()
         await f.shutdown()
+
+
+async def test_a_required_custom_resource_needs_only_the_crd_trigger_while_a_crd_serves_it(api: ApiClient) -> None:
+    """The APIService trigger joins once a required resource outside the core group is not a CRD's: here when its
+    CRD is deleted (it might come back as an aggregated API); a CRD's own APIService stays the apiserver's."""
+    group = unique_group("demand")
+    widgets = GVR(group, "v1", "widgets")
+    await post_crd(api, group)
+    discovery = DiscoveryClient(api)
+
+    async def served() -> bool:
+        return widgets in (await discovery.discover()).resources
+
+    await eventually(served, 20, "the CRD served")
+    f = factory(api, watch="required")
+    f.require("t", [CONFIGMAPS, widgets])
+    await f.start()
+    try:
+        await eventually(lambda: {CONFIGMAPS, widgets} <= set(f.informers()[0]), 20, "both synced")
+        assert f.triggers.watching(CRDS) and not f.triggers.started(APISERVICES) and not f._blind()
+        assert set(f._meta.informers()) == {CRDS}
+        await delete_crd(api, f"widgets.{group}")
+        await eventually(lambda: widgets not in watched(f), 30, "widgets stopped with its CRD")
+        await eventually(lambda: f.triggers.watching(APISERVICES), 10, "the APIService trigger begun")
+        await post_crd(api, group)
+        await eventually(lambda: widgets in f.informers()[0], 30, "widgets watched again with the new CRD")
+        assert not f._blind()
+    finally:
+        await f.shutdown()
+        await delete_crd(api, f"widgets.{group}")
 
 
 async def test_a_required_crd_is_watched_while_it_exists_and_an_unrequired_one_only_discovered(
