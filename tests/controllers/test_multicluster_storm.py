@@ -9,12 +9,13 @@ from typing import Any
 
 from controllers.cluster import Cluster, ClusterContext
 from controllers.cluster_registry import ClusterRegistry
-from informers import ApiClient, SharedIndexInformer
+from informers import GVR, ApiClient, SharedIndexInformer
 from informers.store import Obj
 from syncer.testing import ControlPlane
 
 from tests.fleet import kubeconfig, member, options, put_secret
 from tests.helpers import CONFIGMAPS, cache_state, create_configmaps, eventually, server_state
+from tests.kube import delete_crd, post_crd, unique_group
 
 MEMBERS = 50
 
@@ -57,7 +58,9 @@ async def test_an_apiserver_restarted_behind_50_members_converges_exactly_relist
         api: ApiClient, fleet_ns: str, control_plane: ControlPlane, control_plane_factory: Any) -> None:
     work = control_plane_factory()
     clusters = Clusters()
-    registry = ClusterRegistry(api, *options(api, fleet_ns, sync_timeout=120.0), required=[CONFIGMAPS])
+    # A custom resource besides ConfigMaps, so that the members' CRD trigger goes through the storm too.
+    widgets = GVR(unique_group("storm"), "v1", "widgets")
+    registry = ClusterRegistry(api, *options(api, fleet_ns, sync_timeout=120.0), required=[CONFIGMAPS, widgets])
     await registry.register_cluster_handler(clusters)
     await registry.start()
     names = [f"m{i:02d}" for i in range(MEMBERS)]
@@ -75,6 +78,8 @@ async def test_an_apiserver_restarted_behind_50_members_converges_exactly_relist
     async with ApiClient.from_kubeconfig(str(work.kubeconfig)) as admin:
         await admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": "storm"}})
         await create_configmaps(admin, "storm", 30)
+        await post_crd(admin, widgets.group)
+        await post_crd(api, widgets.group)  # for the member on the other server
         try:
             data = kubeconfig(work)
             await asyncio.gather(*(put_secret(api, fleet_ns, n, data) for n in names))
@@ -86,7 +91,7 @@ async def test_an_apiserver_restarted_behind_50_members_converges_exactly_relist
                 for inf in informers_of(clusters.clusters[n]):
                     sink = inf.reflector.sink = CountingSink(inf.reflector.sink)
                     sinks.append((f"{n} {inf.gvr}", sink))
-            assert len(sinks) >= 3 * MEMBERS  # configmaps and the two discovery triggers
+            assert len(sinks) >= 3 * MEMBERS  # configmaps, widgets and (at least) the CRD trigger
             steady = asyncio.create_task(watch_steady())
 
             await asyncio.to_thread(work.stop_apiserver)
@@ -117,3 +122,4 @@ async def test_an_apiserver_restarted_behind_50_members_converges_exactly_relist
         finally:
             watching = False
             await registry.stop()
+            await delete_crd(api, f"widgets.{widgets.group}")
