@@ -297,7 +297,7 @@ class DiscoveringDynamicSharedInformerFactory:
 
     def _begin_triggers_if_needed(self) -> None:
         self._needed_triggers |= self._triggers_needed(None, None)
-        self.triggers.begin(self._needed_triggers)
+        self.triggers.begin(self._needed_triggers, late=self.passes > 0)
 
     def _blind(self) -> bool:
         """Whether only a pass can see a change: the triggers are off, a needed one cannot watch, or a GVR is
@@ -332,7 +332,7 @@ class DiscoveringDynamicSharedInformerFactory:
             self.triggers.after_pass(crds, result)
         # A trigger once needed keeps watching (the next requirement need not wait for it to sync).
         self._needed_triggers |= self._triggers_needed(crds, result)
-        self.triggers.begin(self._needed_triggers)
+        self.triggers.begin(self._needed_triggers, late=True)
         if changed:
             self._notifier.notify_all()
         return incomplete

@@ -90,6 +90,7 @@ class _Watch:
     denied: asyncio.Event = field(default_factory=asyncio.Event)
     answered: asyncio.Event = field(default_factory=asyncio.Event)  # synced, denied, or the server unreachable
     missed: bool = False  # a pass went without this cache
+    late: bool = False  # begun after a pass: its initial list, which fires nothing, may hold what that pass missed
 
     def synced_cache(self) -> SharedIndexInformer | None:
         """The informer, if synced; else None, remembering that a pass went without it."""
@@ -136,9 +137,10 @@ class DiscoveryTriggers:
         await wait_first(asyncio.gather(*(w.answered.wait() for g, w in self._watches.items() if g in gvrs)),
                          timeout=timeout)
 
-    def begin(self, gvrs: Iterable[GVR] = TRIGGERS) -> None:
+    def begin(self, gvrs: Iterable[GVR] = TRIGGERS, *, late: bool = False) -> None:
         """Start the triggers on ``gvrs`` not started yet, without waiting: a pass before a trigger has synced
-        goes without its cache, and the trigger asks for another once it has."""
+        goes without its cache, and the trigger asks for another once it has (as it does when ``late``: begun
+        after a pass, which could not see what its initial list holds)."""
         for gvr in gvrs:
             if gvr in self._begun:
                 continue
@@ -146,7 +148,7 @@ class DiscoveryTriggers:
             changed, serves = _RULES[gvr]
             provider = self.providers[gvr]
             inf, _ = provider.for_resource(gvr)
-            w = self._watches[gvr] = _Watch(gvr, provider, inf)
+            w = self._watches[gvr] = _Watch(gvr, provider, inf, late=late)
             inf.add_event_handler(_Handler(self.fire, changed, serves), name=f"rediscovery trigger {gvr.resource}")
             inf.add_error_listener(w.on_error)
             inf.start()
@@ -163,7 +165,9 @@ class DiscoveryTriggers:
             self.fire()  # the pass loop waits the short period from now on
             return
         w.answered.set()
-        if w.missed:
+        if w.late and not w.missed:
+            self.fire()
+        elif w.missed:
             self._log.info("now watching {}: rediscovering with its cache", w.gvr.resource)
             self.fire()
 
