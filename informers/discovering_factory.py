@@ -36,7 +36,7 @@ from .client import ApiClient
 from .demand import Demand
 from .discovery import DiscoveryClient, DiscoveryResult, ResourceInfo
 from .discovery_loop import DiscoveryLoop
-from .discovery_triggers import APISERVICES, CRDS, CRDInfo, DiscoveryTriggers, InformerProvider, trigger_view
+from .discovery_triggers import APISERVICES, CRDS, TRIGGERS, CRDInfo, DiscoveryTriggers, InformerProvider, trigger_view
 from .factory import DynamicSharedInformerFactory
 from .gvr import GVR
 from .gvr_listeners import GVRHandler
@@ -66,10 +66,10 @@ class DiscoveryOptions:
     ``filter`` selects GVRs (with ``namespace``, cluster-scoped ones are left out); ``label_selector``,
     ``indexers``, ``transform``, ``reflector`` and ``field_selectors`` shape its informers
     (``DynamicSharedInformerFactory``); ``check_permissions`` drops GVRs the user may not list and watch
-    (SelfSubjectAccessReview); ``watch_triggers`` watches CRDs and APIServices to know when to pass (with ``watch="required"``, only
-    while something outside the core group is wanted); the intervals
-    are the discovery loop's; ``removal_timeout`` bounds a GVR's removal hooks; ``watch`` is ``"all"`` or
-    ``"required"`` (module docstring).
+    (SelfSubjectAccessReview); ``watch_triggers`` watches CRDs and APIServices to know when to pass (with
+    ``watch="required"``, only while something outside the core group is wanted); the intervals are the
+    discovery loop's; ``removal_timeout`` bounds a GVR's removal hooks; ``watch`` is ``"all"`` or ``"required"``
+    (module docstring).
     """
 
     filter: ResourceFilter = field(default_factory=ResourceFilter)
@@ -138,7 +138,6 @@ class DiscoveringDynamicSharedInformerFactory:
                                           rediscovery_interval=o.rediscovery_interval)
         self.status_book = StatusBook(self.triggers)
         self._permitted: frozenset[GVR] = frozenset()  # served, selected and permitted at the last pass
-        self._needed_triggers: frozenset[GVR] = frozenset()  # the triggers begun (``_triggers_needed``)
         self._running = False
         self._log = logger.bind(component=name)
 
@@ -252,8 +251,7 @@ class DiscoveringDynamicSharedInformerFactory:
             for gvr in list(self.demand.explicit):
                 self.for_resource(gvr)
             # Before the first pass only the CRD trigger can be known to be needed (``_triggers_needed``).
-            self._needed_triggers |= self._triggers_needed(None, None)
-            await self.triggers.start(self._needed_triggers)
+            await self.triggers.start(self._triggers_needed(None, None))
             await self.loop.first_pass()
             # Legacy discovery is two rounds of requests; every other wait of a pass is bounded on its own.
             reviews = self.access.budget if self.options.check_permissions else 0.0
@@ -296,15 +294,14 @@ class DiscoveringDynamicSharedInformerFactory:
         return _CRDS_ONLY
 
     def _begin_triggers_if_needed(self) -> None:
-        self._needed_triggers |= self._triggers_needed(None, None)
-        self.triggers.begin(self._needed_triggers, late=self.passes > 0)
+        self.triggers.begin(self._triggers_needed(None, None), late=self.passes > 0)
 
     def _blind(self) -> bool:
         """Whether only a pass can see a change: the triggers are off, a needed one cannot watch, or a GVR is
         forbidden (RBAC is not watched)."""
         if not self.options.watch_triggers:
             return True
-        watching = all(self.triggers.watching(g) for g in self._needed_triggers)
+        watching = all(self.triggers.watching(g) for g in TRIGGERS if self.triggers.started(g))
         return not watching or self.status_book.any_forbidden()
 
     async def _pass(self, periodic: bool) -> AccessReviewsFailed | None:
@@ -331,8 +328,7 @@ class DiscoveringDynamicSharedInformerFactory:
         if crds is not None:
             self.triggers.after_pass(crds, result)
         # A trigger once needed keeps watching (the next requirement need not wait for it to sync).
-        self._needed_triggers |= self._triggers_needed(crds, result)
-        self.triggers.begin(self._needed_triggers, late=True)
+        self.triggers.begin(self._triggers_needed(crds, result), late=True)
         if changed:
             self._notifier.notify_all()
         return incomplete

@@ -8,9 +8,9 @@ passes from the one an informer was started for, and it outruns discovery when a
 
 The informers come from a provider: the factory's own (shared) informer when it watches CRDs or APIServices
 anyway (``watch="all"`` and its filter selects them), so each is cached once, else a private one holding
-``trigger_view``s. Without permission to watch them the
-factory relies on its periodic pass, at its short period; a trigger that cannot watch yet because the server is unreachable
-does not hold up the start, keeps trying, and asks for a pass once it has synced.
+``trigger_view``s. Without permission to watch them the factory relies on its periodic pass, at its short
+period; a trigger that cannot watch yet because the server is unreachable does not hold up the start, keeps
+trying, and asks for a pass once it has synced.
 """
 
 from __future__ import annotations
