@@ -1,3 +1,4 @@
+import signal
 from typing import Iterator
 
 import pytest
@@ -6,6 +7,16 @@ from syncer.testing import ControlPlane
 from syncer.testing.controlplane import leftover_pids
 
 pytest_plugins = ["syncer.testing.pytest_plugin"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell without job control (a script, `bash -c`) starts a background job (`pytest ... &`) with SIGINT
+    # ignored, and an ignored signal stays ignored across fork and exec: every process the tests start would
+    # ignore the Ctrl-C (SIGINT) some tests send it. Python then installs no KeyboardInterrupt handler, nor
+    # asyncio.run its cancelling one; only a handler a program sets itself (loop.add_signal_handler) sees it.
+    # Handle SIGINT as in a foreground run, whose children start with its default action.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(trylast=True)

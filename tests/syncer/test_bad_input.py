@@ -649,6 +649,27 @@ def test_ctrl_c_while_the_local_control_plane_starts(tmp_path: Path) -> None:
         time.sleep(0.05)
 
 
+def test_started_processes_see_ctrl_c_as_in_a_foreground_run() -> None:
+    """The processes the tests start get SIGINT's default action (Python: KeyboardInterrupt), as Ctrl-C at a
+    terminal reaches them, even when the suite is a background job with SIGINT ignored (tests/conftest.py)."""
+    probe = [sys.executable, "-c",
+             "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+    assert subprocess.run(probe, capture_output=True, text=True, timeout=TIMEOUT).stdout == "True\n"
+
+
+def test_the_suite_run_as_a_background_job_still_gets_ctrl_c_to_its_processes() -> None:
+    """`pytest &` from a script starts the suite with SIGINT ignored, which its processes would inherit."""
+    test = f"{Path(__file__).relative_to(ROOT)}::test_started_processes_see_ctrl_c_as_in_a_foreground_run"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shell starts a background job
+    try:
+        suite = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], cwd=ROOT,
+                                 env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, _ = suite.communicate(timeout=120)
+    assert suite.returncode == 0, out
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie waiting to be reaped."""
     try:
