@@ -207,6 +207,11 @@ async def test_metadata_and_full_informers_agree_through_churn(api, namespace, s
     names = [f"o-{i}" for i in range(20)]
     for name in names:
         await api.request("POST", gvr.path(namespace), body=body(gvr, name, {"start": "yes"}, "data"))
+
+    async def cached() -> bool:  # a list at "0" is the watch cache's, which may lag the writes just made
+        return len((await api.request("GET", gvr.path(namespace), {"resourceVersion": "0"}))["items"]) == 20
+
+    await eventually(cached, 10, "the watch cache to hold the objects, so both initial lists hold all 20")
     f = factory_for(api, namespace=namespace, options=ReflectorOptions(watch_list=watch_list))
     full, _ = f.for_resource(gvr)
     meta, _ = f.for_resource(gvr.only_metadata())
