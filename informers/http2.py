@@ -36,6 +36,8 @@ import hpack
 import hpack.huffman
 import hpack.huffman_constants
 
+from .tls_transport import connect_tls
+
 STREAM_WINDOW = 4 << 20
 CONNECTION_WINDOW = 1 << 30
 _MAX_FRAME = 256 << 10
@@ -91,10 +93,8 @@ class H2Connection(asyncio.Protocol):
 
         Returns once the server's first SETTINGS arrived, so its stream limit is known before the first request.
         """
-        loop = asyncio.get_running_loop()
-        transport, conn = await loop.create_connection(
-            lambda: cls(authority, read_idle, ping_timeout, idle_timeout), host, port, ssl=context,
-            server_hostname=server_hostname)
+        transport, conn = await connect_tls(lambda: cls(authority, read_idle, ping_timeout, idle_timeout), host,
+                                            port, context, server_hostname)
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
             transport.close()
