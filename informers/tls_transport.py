@@ -2,10 +2,10 @@
 
 A fleet's bring-up is hundreds of TLS handshakes at once, ~1 ms of OpenSSL work each (key exchange, certificate
 decoding and verification), and the loop's own TLS layer (asyncio's or uvloop's) runs them on the loop: one core
-does the handshakes and everything else while the other waits. Here each handshake step after the first message is
-run by the loop's default executor; ``ssl`` releases the GIL inside OpenSSL, so handshakes use the other core while
-the loop serves the members already up. Go's ``crypto/tls`` runs each handshake on its connection's goroutine, so
-client-go's spread over the cores the same way.
+does the handshakes and everything else while the other waits. Here each handshake step (the ClientHello's key
+share included) is run by the loop's default executor; ``ssl`` releases the GIL inside OpenSSL, so handshakes use
+the other core while the loop serves the members already up. Go's ``crypto/tls`` runs each handshake on its
+connection's goroutine, so client-go's spread over the cores the same way.
 
 After the handshake the TLS records are read and written on the loop through an ``ssl.SSLObject``, as the loops'
 own layers do. Decrypted data is read in pieces the size of what arrived, so a connection keeps no fixed read
@@ -54,20 +54,15 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
         self._app: asyncio.Protocol | None = None
         self._in_thread = False  # a handshake step runs on a worker: the SSLObject and its BIOs are its alone
         self._held: list[bytes] = []  # records that arrived meanwhile
-        self._closing = False
+        self._closing = False  # closed by its user, or a TLS error
+        self._lost = False  # the TCP connection is gone; what arrived before is still delivered
+        self._lost_exc: Exception | None = None
         self._error: Exception | None = None
 
     # -- the TCP side --------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._tcp = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport instances
-        try:
-            self._ssl.do_handshake()  # the ClientHello: no verification yet, cheap
-        except ssl.SSLWantReadError:
-            pass
-        except ssl.SSLError as e:
-            self._handshake_failed(e)
-            return
-        self._send_records()
+        self._step()  # the ClientHello
 
     def data_received(self, data: bytes) -> None:
         if self._in_thread:
@@ -77,19 +72,17 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
         if self._app is not None:
             self._read()
         elif not self.handshaken.done():
-            self._in_thread = True
-            self._loop.run_in_executor(None, self._handshake_step).add_done_callback(self._handshake_stepped)
+            self._step()
 
     def eof_received(self) -> bool | None:
         return False  # the TCP transport closes; connection_lost says so
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
-        if not self.handshaken.done():
-            self._handshake_failed(exc or ConnectionResetError("the server closed the connection during the TLS "
-                                                               "handshake"))
+        self._lost, self._lost_exc = True, exc
         if self._app is not None:
             self._app.connection_lost(exc if exc is not None else self._error)
+        elif not self.handshaken.done() and not self._in_thread:  # else the step decides: it may complete
+            self._handshake_failed(exc or _cut_short())
 
     def pause_writing(self) -> None:
         if self._app is not None:
@@ -100,6 +93,15 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._app.resume_writing()
 
     # -- the handshake -------------------------------------------------------------------------------------
+    def _step(self) -> None:
+        try:
+            step = self._loop.run_in_executor(None, self._handshake_step)
+        except RuntimeError as e:  # the executor is shut down: the loop is closing
+            self._handshake_failed(e)
+            return
+        self._in_thread = True
+        step.add_done_callback(self._handshake_stepped)
+
     def _handshake_step(self) -> bool:
         try:
             self._ssl.do_handshake()
@@ -110,20 +112,21 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
     def _handshake_stepped(self, step: asyncio.Future[bool]) -> None:
         self._in_thread = False
         error = None if step.cancelled() else step.exception()
-        if self._closing or step.cancelled():
+        if self.handshaken.done():  # the connect was cancelled
             return
+        self._send_records()  # the next handshake message, or the alert that tells the server why
         if error is not None:
-            self._send_records()  # the alert that tells the server why
             self._handshake_failed(error)
             return
-        self._send_records()
-        if step.result():
-            self.handshaken.set_result(None)
         held, self._held = self._held, []
         for data in held:
             self._incoming.write(data)
-        if not step.result() and self._incoming.pending:
-            self.data_received(b"")
+        if step.result():
+            self.handshaken.set_result(None)  # what came after the handshake is read once attached
+        elif self._incoming.pending:
+            self._step()
+        elif self._lost:
+            self._handshake_failed(self._lost_exc or _cut_short())
 
     def _handshake_failed(self, error: BaseException) -> None:
         if not self.handshaken.done():
@@ -133,11 +136,14 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
             self._tcp.close()
 
     def attach(self, app: asyncio.Protocol) -> None:
-        """Hand the open connection to ``app``, then give it what already arrived after the handshake."""
+        """Hand the open connection to ``app``, then give it what already arrived after the handshake, and the
+        connection's loss if it came meanwhile."""
         self._app = app
         app.connection_made(self)
         if self._incoming.pending:
             self._read()
+        if self._lost:
+            app.connection_lost(self._lost_exc if self._lost_exc is not None else self._error)
 
     # -- records ---------------------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -183,7 +189,7 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
     # -- the decrypted transport -------------------------------------------------------------------------
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Encrypt ``data`` and send it; nothing once the transport is closing."""
-        if self._closing:
+        if self._closing or self._lost:
             return
         try:
             self._ssl.write(data)
@@ -197,7 +203,7 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
         if self._closing:
             return
         self._closing = True
-        if not self._in_thread:
+        if not self._lost:
             try:
                 self._ssl.unwrap()
             except ssl.SSLError:
@@ -208,7 +214,7 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
 
     def is_closing(self) -> bool:
         """Closing or closed."""
-        return self._closing or self._tcp is None or self._tcp.is_closing()
+        return self._closing or self._lost or self._tcp is None or self._tcp.is_closing()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """``ssl_object`` and ``peercert`` from TLS; the rest (``peername``, ...) from the TCP transport."""
@@ -217,3 +223,7 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
         if name == "peercert":
             return self._ssl.getpeercert()
         return self._tcp.get_extra_info(name, default) if self._tcp is not None else default
+
+
+def _cut_short() -> ConnectionResetError:
+    return ConnectionResetError("the server closed the connection during the TLS handshake")

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import pytest
 
 from informers import tls
 from informers.tls_transport import connect_tls
+
+from tests.tls import CA, client_context, pem
 
 
 class _Collect(asyncio.Protocol):
@@ -28,15 +32,34 @@ class _Collect(asyncio.Protocol):
 
 
 class _RecordingExecutor(ThreadPoolExecutor):
-    def __init__(self) -> None:
+    """Records the threads that ran its work; ``after_last_step()`` runs on the worker once a handshake
+    step has completed the handshake."""
+
+    def __init__(self, after_last_step: Callable[[], None] = lambda: None) -> None:
         super().__init__(max_workers=2)
         self.threads: set[int] = set()
+        self.after_last_step = after_last_step
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         def run() -> Any:
             self.threads.add(threading.get_ident())
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if result is True:
+                self.after_last_step()
+            return result
         return super().submit(run)
+
+
+def _server_context(tmp_path: Path, ca: CA) -> ssl.SSLContext:
+    cert, key = ca.issue("server")
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    # TLS 1.2: the server's Finished is the client's last handshake message, and the server may send data
+    # and close right behind it, while the client's last step still runs.
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    return context
 
 
 def _address(control_plane: Any) -> tuple[str, int]:
@@ -105,6 +128,63 @@ async def test_a_server_that_closes_during_the_handshake_fails_the_connect() -> 
         with pytest.raises((ConnectionError, ssl.SSLError)):
             await asyncio.wait_for(connect_tls(_Collect, "127.0.0.1", port, ssl.create_default_context(),
                                                "localhost"), 5)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_server_that_answers_and_closes_behind_its_last_handshake_message_is_heard_whole(tmp_path) -> None:
+    # The data and the close arrive while the client's last handshake step runs on the worker (held there by
+    # 0.2 s): the connect succeeds, then the protocol gets the data and the loss, as over asyncio's own TLS.
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(_RecordingExecutor(after_last_step=lambda: time.sleep(0.2)))
+    ca = CA.new()
+
+    async def answer_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello")
+        await asyncio.sleep(0.05)
+        writer.transport.abort()  # no TLS shutdown: the TCP connection ends at once
+
+    server = await asyncio.start_server(answer_and_close, "127.0.0.1", 0, ssl=_server_context(tmp_path, ca))
+    port = server.sockets[0].getsockname()[1]
+    try:
+        _, protocol = await connect_tls(_Collect, "127.0.0.1", port, client_context(pem(ca.cert)), None)
+        await asyncio.wait_for(protocol.lost, 5)
+        assert protocol.data == b"hello"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connect_cancelled_as_its_handshake_completes_leaves_nothing_behind(tmp_path) -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    connecting: asyncio.Task[Any] | None = None
+
+    def cancel_the_connect() -> None:
+        assert connecting is not None
+        loop.call_soon_threadsafe(connecting.cancel)
+
+    loop.set_default_executor(_RecordingExecutor(after_last_step=cancel_the_connect))
+    ca = CA.new()
+    closed = asyncio.Event()
+
+    async def wait_for_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(wait_for_close, "127.0.0.1", 0, ssl=_server_context(tmp_path, ca))
+    port = server.sockets[0].getsockname()[1]
+    try:
+        connecting = asyncio.create_task(connect_tls(_Collect, "127.0.0.1", port, client_context(pem(ca.cert)),
+                                                     None))
+        with pytest.raises(asyncio.CancelledError):
+            await connecting
+        await asyncio.wait_for(closed.wait(), 5)
+        await asyncio.sleep(0.1)
+        assert errors == []
     finally:
         server.close()
         await server.wait_closed()
