@@ -38,10 +38,13 @@ _HEADER = re.compile(
 _SCHEME = re.compile(r"\b(?P<key>[Bb]earer|Basic|BEARER|BASIC)(?P<sep>\s+)[A-Za-z0-9\-._~+/=:]{6,}")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|$)", re.DOTALL)
 _PEM_BASE64 = re.compile(r"LS0tLS1CRUdJTi[A-Za-z0-9+/=\\n]*")  # base64 of "-----BEGIN"
+# A field named like a credential (``token``, ``x-api-token``, ``client-key-data``): the name's own prefix is kept as
+# written, so the match starts at the keyword (a prefix before it would be re-scanned for every keyword tried).
 _FIELD = re.compile(
-    r"""(?P<key>\b[\w-]*(?:token|password|passwd|secret|client[-_]key[-_]data|client[-_]certificate[-_]data))"""
+    r"""(?P<key>token|password|passwd|secret|client[-_]key[-_]data|client[-_]certificate[-_]data)"""
     r"""(?P<sep>\\?['"]?\s*[:=]\s*(?:(?-i:b)(?=['"]))?)(?:(?P<q>\\?['"])(?:(?!(?P=q))(?:\\.|.))*(?P=q)|[^\s,;}\]'"]+)""",
     re.IGNORECASE)
+_FIELD_IN_LOWER_ASCII = re.compile(r"""(?:token|passw(?:or)?d|secret|client[-_](?:key|certificate)[-_]data)\\?['"]?\s*[:=]""")
 
 
 def _masked(match: re.Match[str]) -> str:
@@ -55,9 +58,17 @@ def redact(text: str) -> str:
         return text
     text = _PEM.sub(MASK, text)
     text = _PEM_BASE64.sub(MASK, text)
-    text = _HEADER.sub(_masked, text)
-    text = _SCHEME.sub(lambda m: f"{m['key']}{m['sep']}{MASK}", text)
-    return _FIELD.sub(_masked, text)
+    # The patterns below ignore case and are slow to scan a line with. An ASCII line whose lower case lacks one's
+    # keywords (a field: its name and separator) cannot match it, and a mask put in adds none: most lines skip
+    # them. Other text is scanned whole, where re's case folding decides.
+    low = text.lower() if text.isascii() else None
+    if low is None or "authorization" in low or "cookie" in low:
+        text = _HEADER.sub(_masked, text)
+    if low is None or "bearer" in low or "basic" in low:
+        text = _SCHEME.sub(lambda m: f"{m['key']}{m['sep']}{MASK}", text)
+    if low is None or _FIELD_IN_LOWER_ASCII.search(low):
+        text = _FIELD.sub(_masked, text)
+    return text
 
 
 def _wire(name: str) -> bool:
