@@ -168,6 +168,8 @@ class _TLSTransport(asyncio.Transport, asyncio.Protocol):
                 closed = True
                 break
             chunks.append(chunk)
+            if not self._incoming.pending and not self._ssl.pending():
+                break  # nothing left to decrypt: spare the read that would only raise SSLWantReadError
         if chunks and not self._closing:
             app.data_received(chunks[0] if len(chunks) == 1 else b"".join(chunks))
         if closed:
