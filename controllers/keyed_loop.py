@@ -33,6 +33,8 @@ T = TypeVar("T", bound=Hashable)
 # how many seconds, when the handler said) it was queued again.
 RESULT, REQUEUE, REQUEUE_AFTER = ("kube_syncer.reconcile.result", "kube_syncer.reconcile.requeue",
                                   "kube_syncer.reconcile.requeue_after")
+# How long a worker runs keys back to back before it lets the loop's other tasks run.
+_SLICE = 0.005
 LoopState = Literal["new", "running", "stopping", "stopped"]
 # "stopping" lasts while workers that did not stop in time are still running.
 _TRANSITIONS: dict[LoopState, tuple[LoopState, ...]] = {
@@ -155,10 +157,16 @@ class KeyedLoop(Generic[T]):
 
     async def _work(self) -> None:
         queue = self.queue
+        clock = asyncio.get_running_loop().time
+        resumed = -_SLICE
         while True:
             # A queue with items ready returns without suspending: a handler that never awaits (CPU only, or a
-            # backlog of such) would otherwise keep the loop from lease renewals, probes and every other task.
-            await asyncio.sleep(0)
+            # backlog of such) would otherwise keep the loop from lease renewals, probes and every other task. So
+            # the worker yields once it has run for a slice; not after every key, which would hand a backlog of
+            # quick keys out one per turn of a busy loop (a fleet's 500 new members registered over seconds).
+            if clock() - resumed >= _SLICE:
+                await asyncio.sleep(0)
+                resumed = clock()
             try:
                 key, priority = await queue.get_with_priority()
             except QueueShutDown:

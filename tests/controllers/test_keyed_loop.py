@@ -216,3 +216,46 @@ async def test_a_loop_runs_once_and_refuses_bad_arguments(no_leaks):
         KeyedLoop("l", queue(), sync, workers=0)
     with pytest.raises(ValueError, match="must name the key once"):
         KeyedLoop("l", queue(), sync, action="syncing")
+
+
+async def test_a_backlog_of_quick_keys_runs_in_slices_and_other_tasks_still_get_turns(no_leaks):
+    """A worker takes ready keys back to back for a slice of a few milliseconds: 300 keys queued at once are not
+    handed out one per turn of the loop (with hundreds of tasks ready, each turn is long), yet a handler that only
+    computes still lets the loop's other tasks run between slices."""
+    done: list[str] = []
+    spin = 0.0
+
+    async def handle(key: str) -> Result | None:
+        if spin:
+            t = asyncio.get_running_loop().time()
+            while asyncio.get_running_loop().time() - t < spin:
+                pass
+        done.append(key)
+        return None
+
+    async def interleavings(n: int) -> int:
+        """How many times another task ran while the backlog of ``n`` keys was part done."""
+        seen: set[int] = set()
+
+        async def other() -> None:
+            while True:
+                if 0 < len(done) < n:
+                    seen.add(len(done))
+                await asyncio.sleep(0)
+
+        q = queue()
+        loop = KeyedLoop("backlog", q, handle)
+        task = await running(loop)
+        done.clear()
+        tick = asyncio.create_task(other())
+        for i in range(n):
+            q.add(f"k{i}")
+        await eventually(lambda: len(done) == n, 10, f"{n} keys handled")
+        tick.cancel()
+        task.cancel()
+        await asyncio.gather(tick, task, return_exceptions=True)
+        return len(seen)
+
+    assert await interleavings(300) < 50  # one per key before
+    spin = 0.001  # 1 ms of computing per key: a slice ends every few keys
+    assert await interleavings(60) >= 10
