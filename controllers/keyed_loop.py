@@ -33,8 +33,9 @@ T = TypeVar("T", bound=Hashable)
 # how many seconds, when the handler said) it was queued again.
 RESULT, REQUEUE, REQUEUE_AFTER = ("kube_syncer.reconcile.result", "kube_syncer.reconcile.requeue",
                                   "kube_syncer.reconcile.requeue_after")
-# How long a worker runs keys back to back before it lets the loop's other tasks run.
-_SLICE = 0.005
+# How long a worker runs keys back to back before it lets the loop's other tasks run: long enough that a fleet's
+# backlog of member registrations is settled in a few turns of a busy loop, far below any lease or probe deadline.
+_SLICE = 0.020
 LoopState = Literal["new", "running", "stopping", "stopped"]
 # "stopping" lasts while workers that did not stop in time are still running.
 _TRANSITIONS: dict[LoopState, tuple[LoopState, ...]] = {
