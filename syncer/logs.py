@@ -40,11 +40,13 @@ _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|$)"
 _PEM_BASE64 = re.compile(r"LS0tLS1CRUdJTi[A-Za-z0-9+/=\\n]*")  # base64 of "-----BEGIN"
 # A field named like a credential (``token``, ``x-api-token``, ``client-key-data``): the name's own prefix is kept as
 # written, so the match starts at the keyword (a prefix before it would be re-scanned for every keyword tried).
+_FIELD_NAME = r"token|password|passwd|secret|client[-_]key[-_]data|client[-_]certificate[-_]data"
+_FIELD_SEP = r"""\\?['"]?\s*[:=]"""
 _FIELD = re.compile(
-    r"""(?P<key>token|password|passwd|secret|client[-_]key[-_]data|client[-_]certificate[-_]data)"""
-    r"""(?P<sep>\\?['"]?\s*[:=]\s*(?:(?-i:b)(?=['"]))?)(?:(?P<q>\\?['"])(?:(?!(?P=q))(?:\\.|.))*(?P=q)|[^\s,;}\]'"]+)""",
+    rf"""(?P<key>{_FIELD_NAME})(?P<sep>{_FIELD_SEP}\s*(?:(?-i:b)(?=['"]))?)"""
+    r"""(?:(?P<q>\\?['"])(?:(?!(?P=q))(?:\\.|.))*(?P=q)|[^\s,;}\]'"]+)""",
     re.IGNORECASE)
-_FIELD_IN_LOWER_ASCII = re.compile(r"""(?:token|passw(?:or)?d|secret|client[-_](?:key|certificate)[-_]data)\\?['"]?\s*[:=]""")
+_FIELD_IN_LOWER_ASCII = re.compile(f"(?:{_FIELD_NAME}){_FIELD_SEP}")  # redact's prefilter: the same name and separator
 
 
 def _masked(match: re.Match[str]) -> str:
