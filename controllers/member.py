@@ -27,7 +27,7 @@ from informers import ApiClient, Backoff, ClusterSource, DiscoveringDynamicShare
 from informers.errors import describe_error
 from informers.request_metrics import NO_ANSWER
 from informers.untrusted_kubeconfig import KubeconfigError
-from informers.wait import wait_first
+from informers.wait import wait_all, wait_first
 
 from .cluster import Cluster, ClusterContext, ClusterHandler, Condition, ConditionType, display_name, finish
 from .fence import CLOSED, Fence
@@ -208,15 +208,24 @@ class Member:
         started."""
         o = env.options
         client = self.client = connect(self.config, env.management, o.allowed_exec_commands)
-        version = await client.request("GET", "/version", timeout=o.connect_timeout)
-        self.conditions[ConditionType.CONNECTED].set(True, "Connected",
-                                                     f"Kubernetes {version.get('gitVersion', '?')}")
-        self.to(MemberState.DISCOVERING)
         factory = self.factory = self.config.connection.informers(env, client, self.name)
         factory.require(env.component, env.required)
-        async with asyncio.timeout(o.sync_timeout):
-            await factory.start()
-        self.conditions[ConditionType.DISCOVERED].set(True, "Discovered", f"{len(factory.status())} GVRs served")
+
+        async def hello() -> None:
+            version = await client.request("GET", "/version", timeout=o.connect_timeout)
+            self.conditions[ConditionType.CONNECTED].set(True, "Connected",
+                                                         f"Kubernetes {version.get('gitVersion', '?')}")
+            self.to(MemberState.DISCOVERING)
+
+        async def discover() -> None:
+            async with asyncio.timeout(o.sync_timeout):
+                await factory.start()
+
+        # Together, on the connection the first of them dials: discovery does not wait a round trip for /version
+        # (whose failure, the usual one, cancels discovery's retries).
+        await wait_all(hello(), discover())
+        served = len(factory.last_pass.resources) if factory.last_pass is not None else 0
+        self.conditions[ConditionType.DISCOVERED].set(True, "Discovered", f"{served} GVRs served")
         return client, factory
 
     def _adopt(self, warm: "Member") -> tuple[ApiClient, ClusterSource]:

@@ -1,4 +1,5 @@
-"""wait_first: the one "wait for X, or stop, or a timeout" helper; everything it started is cancelled and awaited.
+"""wait_first and wait_all: "whichever comes first" and "all of them, or the first failure"; everything either
+started is cancelled and awaited.
 
 ``asyncio.wait`` leaves the losers running and ``asyncio.wait_for`` takes one awaitable: each caller that needs
 "whichever comes first" would otherwise write its own create-wait-cancel-gather dance (and forget the gather).
@@ -31,3 +32,21 @@ async def wait_first(*awaitables: Awaitable[Any], timeout: float | None = None) 
         if not tasks[i].cancelled() and (error := tasks[i].exception()) is not None:
             raise error
     return finished[0]
+
+
+async def wait_all(*awaitables: Awaitable[Any]) -> list[Any]:
+    """Run ``awaitables`` together; return their results (in order) once all have succeeded.
+
+    The first to fail cancels the others, which are awaited, and its exception is raised here (``asyncio.gather``
+    would leave them running; ``TaskGroup`` would raise an ``ExceptionGroup`` callers must unwrap). If this call is
+    cancelled, every awaitable is cancelled too.
+    """
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        for finished in asyncio.as_completed(tasks):
+            await finished
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return [t.result() for t in tasks]

@@ -57,6 +57,7 @@ class FakeFactory:
         self.client = client
         self.notifier = Notifier()
         self.supervisor = _Supervisor()
+        self.last_pass = None
         self.down = False
 
     def require(self, owner: str, gvrs: Any) -> None: ...
