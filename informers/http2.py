@@ -36,6 +36,7 @@ import hpack
 import hpack.huffman
 import hpack.huffman_constants
 
+from . import hpack_decoder
 from .tls_transport import connect_tls
 
 STREAM_WINDOW = 4 << 20
@@ -453,12 +454,16 @@ class _DrainingH2(h2.connection.H2Connection):
     h2 moves to CLOSED on any GOAWAY and refuses every later frame; RFC 9113 §6.8 lets streams up to the last
     stream id complete, and kube-apiserver relies on it: it answers a failed authentication over HTTP/2 with
     the 401 *and* a GOAWAY (so a client with a bad credential cannot keep the connection), and a graceful
-    shutdown sends GOAWAY before its open watches end.
+    shutdown sends GOAWAY before its open watches end. Its HPACK encoder is ``_Encoder`` and its decoder
+    ``hpack_decoder.Decoder``.
     """
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config)
         self.encoder = _Encoder()
+        decoder = hpack_decoder.Decoder()
+        decoder.max_header_list_size = self.decoder.max_header_list_size
+        self.decoder = decoder  # type: ignore[assignment]
 
     def _receive_goaway_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
         frames, events = super()._receive_goaway_frame(frame)
