@@ -429,3 +429,19 @@ async def test_settings_kept_in_lists_still_change_when_the_server_changes_them(
     assert conn.free_slots == 7
     assert all(isinstance(v, list) for v in conn._h2.remote_settings._settings.values())
     conn.close()
+
+
+async def test_received_frames_are_never_rendered_for_h2s_trace_log(control_plane, namespace, monkeypatch) -> None:
+    # h2 renders every frame it is handed (``repr(frame)``) for a trace log nothing reads: a frame's full repr
+    # hexlifies its body. A request's frames (SETTINGS, HEADERS, the last DATA, a 404's too) must not need it.
+    import hyperframe.frame
+
+    def rendered(frame: object) -> str:
+        raise AssertionError(f"{type(frame).__name__} rendered")
+
+    monkeypatch.setattr(hyperframe.frame.Frame, "__repr__", rendered)
+    async with ApiClient.from_kubeconfig(str(control_plane.kubeconfig)) as client:
+        listed = await asyncio.wait_for(client.request("GET", CONFIGMAPS.path(namespace)), 10)
+        assert listed["kind"] == "ConfigMapList"
+        with pytest.raises(Exception, match="404|not found|NotFound"):
+            await asyncio.wait_for(client.request("GET", CONFIGMAPS.path(namespace, "absent")), 10)
