@@ -343,7 +343,7 @@ class NamespaceHost:
         ``make(name)`` builds the shared factory if there is none."""
         if self.factory is None:
             self.factory = make(self.name)
-            self.factory.filter.namespaced_only = True
+            self.factory.filter = self.factory.filter.restricted_to_namespaced()
         self._views += 1
         return NamespaceSource(self, self.factory, namespace)
 

@@ -40,20 +40,27 @@ class Rule:
         return f"{self.group or 'core'}/{self.version}/{self.resource}"
 
 
+@dataclass(frozen=True, init=False)
 class ResourceFilter:
     """Include/exclude rules, a namespace restriction and the preferred-version switch.
 
-    With no include rules everything is included; exclude rules win over include rules.
+    With no include rules everything is included; exclude rules win over include rules. A value: equal filters
+    give equal verdicts, so a discovery pass may reuse the verdicts another member's equal filter gave.
     """
+
+    include: tuple[Rule, ...]
+    exclude: tuple[Rule, ...]
+    preferred_version_only: bool
+    namespaced_only: bool
 
     def __init__(
         self, include: Iterable[str | Rule] = (), exclude: Iterable[str | Rule] = (),
         preferred_version_only: bool = False, namespaced_only: bool = False,
     ) -> None:
-        self.include = [r if isinstance(r, Rule) else Rule.parse(r) for r in include]
-        self.exclude = [r if isinstance(r, Rule) else Rule.parse(r) for r in exclude]
-        self.preferred_version_only = preferred_version_only
-        self.namespaced_only = namespaced_only
+        object.__setattr__(self, "include", tuple(r if isinstance(r, Rule) else Rule.parse(r) for r in include))
+        object.__setattr__(self, "exclude", tuple(r if isinstance(r, Rule) else Rule.parse(r) for r in exclude))
+        object.__setattr__(self, "preferred_version_only", preferred_version_only)
+        object.__setattr__(self, "namespaced_only", namespaced_only)
 
     def restricted_to_namespaced(self) -> "ResourceFilter":
         """The same rules, leaving cluster-scoped resources out (informers restricted to a namespace)."""

@@ -24,12 +24,14 @@ NOT_REQUIRED = "not required by any controller"
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """Every served GVR's status so far, the ones selected (whose permissions matter) and their CRD uids ("" for
-    a resource no CRD defines, or whose CRD is not known yet)."""
+    """Every served GVR's status so far, the ones selected (whose permissions matter), their CRD uids ("" for
+    a resource no CRD defines, or whose CRD is not known yet) and the status each selected one has if permitted
+    but not watched (idle)."""
 
     status: Mapping[GVR, GVRStatus]
     candidates: tuple[GVR, ...]
     uids: Mapping[GVR, str]
+    idle: Mapping[GVR, GVRStatus]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,27 +86,58 @@ def _now(st: GVRStatus, state: GVRState, reason: str) -> GVRStatus:
     return _status(st.gvr, state, reason, st.kind, st.namespaced, st.verbs, st.source)
 
 
+class _Verdicts(dict[tuple[ResourceInfo, str], tuple[GVRStatus, GVRStatus | None]]):
+    """One filter's verdicts per (resource, source): its discovered or excluded status, and its idle status if it
+    is selected. Every member's discovery finds the same resources (interned) with equal filters, so a fleet
+    decides each once, not once per member and pass; bounded, emptied when full."""
+
+    LIMIT = 4096
+
+    def __init__(self, filter: ResourceFilter) -> None:
+        super().__init__()
+        self.filter = filter
+
+    def of(self, info: ResourceInfo, source: str) -> tuple[GVRStatus, GVRStatus | None]:
+        verdict = self.get((info, source))
+        if verdict is None:
+            if len(self) >= self.LIMIT:
+                self.clear()
+            st = _status(info.gvr, GVRState.DISCOVERED, "", info.kind, info.namespaced, _sorted(info.verbs), source)
+            why = self.filter.why_excluded(info)
+            verdict = self[(info, source)] = (_now(st, GVRState.EXCLUDED, why), None) if why else \
+                (st, _now(st, GVRState.IDLE, NOT_REQUIRED))
+        return verdict
+
+
+_VERDICTS: dict[ResourceFilter, _Verdicts] = {}
+
+
 def select(served: Mapping[GVR, ResourceInfo], filter: ResourceFilter,
            crds: Mapping[tuple[str, str], CRDInfo] | None, aggregated: set[str],
            was_crd: Callable[[GVR], bool]) -> Selection:
     """The served GVRs the filter selects. ``crds`` is the CRD cache (None: not known), the authority over a
     discovery that still shows a deleted CRD's resources; ``aggregated`` the group-versions of APIServices."""
+    verdicts = _VERDICTS.get(filter)
+    if verdicts is None:
+        if len(_VERDICTS) >= 64:
+            _VERDICTS.clear()
+        verdicts = _VERDICTS[filter] = _Verdicts(filter)
     status: dict[GVR, GVRStatus] = {}
     candidates: list[GVR] = []
     uids: dict[GVR, str] = {}
+    idle: dict[GVR, GVRStatus] = {}
     for gvr, info in served.items():
         crd = crds.get((gvr.group, gvr.resource)) if crds is not None else None
-        source = "crd" if crd else "aggregated" if gvr.group_version in aggregated else "builtin"
-        st = _status(gvr, GVRState.DISCOVERED, "", info.kind, info.namespaced, _sorted(info.verbs), source)
+        source = "crd" if crd else "aggregated" if aggregated and gvr.group_version in aggregated else "builtin"
+        st, idle_st = verdicts.of(info, source)
         if crds is not None and crd is None and was_crd(gvr):
             st = _now(st, GVRState.EXCLUDED, "its CRD was deleted")
-        elif why := filter.why_excluded(info):
-            st = _now(st, GVRState.EXCLUDED, why)
-        else:
+        elif idle_st is not None:
             candidates.append(gvr)
             uids[gvr] = crd.uid if crd else ""
+            idle[gvr] = idle_st
         status[gvr] = st
-    return Selection(status, tuple(candidates), uids)
+    return Selection(status, tuple(candidates), uids, idle)
 
 
 def wanted_set(selection: Selection, permissions: Permissions, wanted: set[GVR], watch: WatchMode) -> WantedSet:
@@ -121,6 +154,6 @@ def wanted_set(selection: Selection, permissions: Permissions, wanted: set[GVR],
             permitted[gvr] = selection.uids[gvr]
     desired = permitted if watch == "all" else {g: uid for g, uid in permitted.items() if g in wanted}
     for gvr in permitted.keys() - desired.keys():
-        status[gvr] = _now(status[gvr], GVRState.IDLE, NOT_REQUIRED)
+        status[gvr] = selection.idle[gvr]
     desired = desired | {g: permitted[g.full] for g in wanted if g.metadata_only and g.full in permitted}
     return WantedSet(status, frozenset(permitted), desired)

@@ -113,3 +113,22 @@ def test_members_with_equal_statuses_share_them() -> None:
     assert other[WIDGETS].reason == "user b may not watch" and one[WIDGETS].reason == NOT_REQUIRED
     assert other[CONFIGMAPS] is one[CONFIGMAPS]
     assert _status.cache_info().maxsize is not None  # bounded
+
+
+def test_equal_filters_of_different_members_share_their_verdicts_and_a_filter_cannot_change() -> None:
+    import dataclasses
+
+    import pytest
+
+    def rules() -> ResourceFilter:
+        return ResourceFilter(exclude=["core/secrets"], preferred_version_only=True)
+
+    first = select(served(CONFIGMAPS, SECRETS, WIDGETS), rules(), None, set(), no_crd)
+    second = select(served(CONFIGMAPS, SECRETS, WIDGETS), rules(), None, set(), no_crd)
+    assert second == first
+    assert all(second.status[g] is first.status[g] for g in (CONFIGMAPS, SECRETS, WIDGETS))
+    assert first.status[SECRETS].state is GVRState.EXCLUDED and first.candidates == (CONFIGMAPS, WIDGETS)
+    other = select(served(CONFIGMAPS, SECRETS), ResourceFilter(), None, set(), no_crd)
+    assert other.candidates == (CONFIGMAPS, SECRETS)  # a different filter: its own verdicts
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ResourceFilter().namespaced_only = True  # type: ignore[misc]
