@@ -44,11 +44,15 @@ _LONGEST = max(hpack.huffman_constants.REQUEST_CODES_LENGTH)
 
 
 class _Decodings(dict[bytes, bytes]):
-    """Huffman-coded strings and their decodings, for every connection of the process; emptied when full."""
+    """Huffman-coded strings of up to ``LONGEST`` bytes and their decodings, for every connection of the process;
+    emptied when full (well under 1 MiB: a server's long or unique values cannot make it grow further)."""
 
     LIMIT = 1024
+    LONGEST = 96  # a uid, a date, a content type; not a server's long values
 
     def decode(self, data: bytes) -> bytes:
+        if len(data) > self.LONGEST:
+            return _huffman(data)
         decoded = self.get(data)
         if decoded is None:
             if len(self) >= self.LIMIT:

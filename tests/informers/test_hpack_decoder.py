@@ -12,7 +12,7 @@ import hpack.huffman_constants
 import pytest
 from hpack.huffman_table import decode_huffman
 
-from informers.hpack_decoder import Decoder, _huffman
+from informers.hpack_decoder import _HUFFMAN, Decoder, _huffman
 
 _CODER = hpack.huffman.HuffmanEncoder(hpack.huffman_constants.REQUEST_CODES,
                                       hpack.huffman_constants.REQUEST_CODES_LENGTH)
@@ -122,3 +122,11 @@ def test_connections_of_random_blocks_decode_as_hpack_decodes_them() -> None:
                 break  # h2 ends the connection at its first decoding error
         junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
         assert _outcome(Decoder(), junk) == _outcome(hpack.Decoder(), junk), junk.hex()
+
+
+def test_only_short_strings_are_kept_for_other_connections() -> None:
+    short, long = _CODER.encode(b"application/json"), _CODER.encode(b"x" * 200)
+    for text in (short, long):
+        _HUFFMAN.decode(text)
+    assert short in _HUFFMAN and long not in _HUFFMAN
+    assert len(long) > _HUFFMAN.LONGEST and _HUFFMAN.decode(long) == b"x" * 200
