@@ -17,6 +17,7 @@ from collections import deque
 
 import hpack
 import hpack.huffman_constants
+from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
 _STATIC = HeaderTable.STATIC_TABLE
@@ -52,7 +53,7 @@ class _Decodings(dict[bytes, bytes]):
 
     def decode(self, data: bytes) -> bytes:
         if len(data) > self.LONGEST:
-            return _huffman(data)
+            return decode_huffman(data)  # linear in the length; ``_huffman`` shifts one int of all of it per symbol
         decoded = self.get(data)
         if decoded is None:
             if len(self) >= self.LIMIT:
@@ -62,8 +63,8 @@ class _Decodings(dict[bytes, bytes]):
 
 
 def _huffman(data: bytes) -> bytes:
-    """``data`` Huffman-decoded; HPACKDecodingError for an invalid code, EOS, or padding that is not 1 bits or is
-    longer than 7 (RFC 7541 §5.2)."""
+    """``data`` (a short string: the cost grows with the square of its length) Huffman-decoded; HPACKDecodingError
+    for an invalid code, EOS, or padding that is not 1 bits or is longer than 7 (RFC 7541 §5.2)."""
     bits = int.from_bytes(data, "big")
     left = len(data) * 8
     out = bytearray()
