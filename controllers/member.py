@@ -211,15 +211,24 @@ class Member:
         factory = self.factory = self.config.connection.informers(env, client, self.name)
         factory.require(env.component, env.required)
 
+        answered = asyncio.Event()
+
         async def hello() -> None:
-            version = await client.request("GET", "/version", timeout=o.connect_timeout)
+            try:
+                version = await client.request("GET", "/version", timeout=o.connect_timeout)
+            finally:
+                answered.set()
             self.conditions[ConditionType.CONNECTED].set(True, "Connected",
                                                          f"Kubernetes {version.get('gitVersion', '?')}")
             self.to(MemberState.DISCOVERING)
 
         async def discover() -> None:
-            async with asyncio.timeout(o.sync_timeout):
-                await factory.start()
+            try:
+                async with asyncio.timeout(o.sync_timeout):
+                    await factory.start()
+            except Exception:
+                await answered.wait()  # /version's outcome first: a refused discovery is then told as discovery's
+                raise
 
         # Together, on the connection the first of them dials: discovery does not wait a round trip for /version
         # (whose failure, the usual one, cancels discovery's retries).

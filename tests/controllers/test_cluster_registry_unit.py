@@ -395,3 +395,29 @@ async def test_a_cluster_assigned_here_is_warmed_then_adopted_without_a_new_conn
     assert all(f.down for f in made)
     await asyncio.sleep(0)
     assert len(asyncio.all_tasks()) <= tasks_before
+
+
+async def test_a_discovery_refused_before_version_answers_is_told_as_discoverys(monkeypatch: pytest.MonkeyPatch) -> None:
+    # /version and the first discovery pass go out together; a 403 on discovery may come back first, and must
+    # still leave the member Connected (the server answered) and not Discovered, as when they went one by one.
+    from informers.discovery import DiscoveryForbidden
+    from informers.errors import ApiError
+
+    class Refused(FakeFactory):
+        async def start(self) -> None:
+            raise DiscoveryForbidden(ApiError(403, "Forbidden", "no discovery for you"))
+
+    monkeypatch.setattr(connections, "client_from_untrusted_kubeconfig", lambda data, **kw: FakeClient(data))
+    monkeypatch.setitem(CONNECT_DELAY, b"slow-version", 0.05)
+    provider = FakeProvider()
+    reg = ClusterRegistry(management(), [provider], MemberOptions(probe_interval=3600),
+                          make_factory=Refused)  # type: ignore[arg-type]
+    put(reg, provider, b"slow-version")
+    await eventually(lambda: "c1" in reg._members and reg._members["c1"].state is MemberState.RETRYING, 5,
+                     "c1 refused and retrying")
+    conditions = reg._members["c1"].conditions
+    assert conditions[ConditionType.CONNECTED].status is True
+    assert conditions[ConditionType.DISCOVERED].status is False
+    assert conditions[ConditionType.DISCOVERED].reason == "DiscoveryForbidden"
+    async with asyncio.timeout(5):
+        await reg.stop()
