@@ -146,7 +146,8 @@ def setup_logging(level: str = "INFO", fmt: str = "text", libraries: Mapping[str
     if fmt == "json":
         logger.add(_json_sink, level=floor, filter=ours_at_level)
     else:
-        logger.add(_text_sink, level=floor, filter=ours_at_level, colorize=False, format="{message}")
+        logger.add(_text_sink, level=floor, filter=ours_at_level, colorize=False, backtrace=False, diagnose=False,
+                   format="{message}")
     logging.basicConfig(handlers=[_Intercept()], level=ours, force=True)
     for name in WIRE_LIBRARIES:
         logging.getLogger(name).setLevel(logging.WARNING)

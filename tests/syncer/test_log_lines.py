@@ -32,3 +32,30 @@ def test_a_text_line_shows_time_level_message_and_extras_verbatim(capfd: pytest.
     assert re.fullmatch(stamp + r"ERROR   failed  \[component=x\]", lines[3])
     assert lines[4] == "Traceback (most recent call last):" and lines[-2] == "ValueError: boom"
     assert re.fullmatch(stamp + "WARNING from the standard library", lines[-1])
+
+
+def test_an_exceptions_locals_are_not_rendered(capfd: pytest.CaptureFixture[str]) -> None:
+    # The sink writes the traceback itself; loguru must not also render every frame's locals (its "diagnose").
+    rendered: list[str] = []
+
+    class Local:
+        ok = True
+
+        def __repr__(self) -> str:
+            rendered.append("repr")
+            return "Local()"
+
+    def fail() -> None:
+        local = Local()
+        raise ValueError("boom" if local.ok else "")  # "diagnose" shows the values of the names on this line
+
+    try:
+        setup_logging("INFO", "text")
+        try:
+            fail()
+        except ValueError:
+            logger.exception("failed")
+        assert "ValueError: boom" in capfd.readouterr().err
+    finally:
+        setup_logging()
+    assert rendered == []
